@@ -1,0 +1,1 @@
+"""Agent runs, their steps, policies, tools and the live stream."""

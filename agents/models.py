@@ -1,0 +1,105 @@
+"""An agent run: one supervised attempt at a pinned goal version."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from infraops.models import Experiment, GoalVersion, Target
+from reviews.models import Change
+
+
+class AgentRunQuerySet(models.QuerySet["AgentRun"]):
+    def active(self) -> AgentRunQuerySet:
+        return self.filter(status__in=[AgentRun.Status.RUNNING, AgentRun.Status.PAUSED])
+
+
+class AgentRun(models.Model):
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        PAUSED = "paused"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    goal_version = models.ForeignKey(GoalVersion, on_delete=models.PROTECT, related_name="runs")
+    target = models.ForeignKey(Target, on_delete=models.CASCADE, related_name="runs")
+    policy = models.CharField(max_length=10)
+    status = models.CharField(max_length=10, choices=Status.choices, default="running")
+    started_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                                   related_name="+")
+    base_commit = models.CharField(max_length=40)
+    manifest_sha256 = models.CharField(max_length=64)
+    step_count = models.PositiveIntegerField(default=0)
+    experiment_count = models.PositiveIntegerField(default=0)
+    tokens_used = models.PositiveIntegerField(default=0)
+    cost_usd = models.DecimalField(max_digits=10, decimal_places=4, default=0)
+    event_seq = models.PositiveIntegerField(default=0)
+    state = models.JSONField(default=dict, blank=True, help_text="The policy's own state.")
+    stop_reason = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    experiments = models.ManyToManyField(Experiment, blank=True, related_name="runs")
+    changes = models.ManyToManyField(Change, blank=True, related_name="runs")
+
+    objects = AgentRunQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"run {self.pk}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED, self.Status.CANCELLED)
+
+    @property
+    def budget(self) -> dict[str, object]:
+        spec: dict[str, object] = self.goal_version.spec["boundary"]
+        return spec
+
+
+class Step(models.Model):
+    """One agent step: what it decided, which tool it called, what came back."""
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="steps")
+    number = models.PositiveIntegerField()
+    summary = models.TextField()
+    tool = models.CharField(max_length=100, blank=True)
+    arguments = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [models.UniqueConstraint(fields=["run", "number"], name="step_unique_number")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.number}"
+
+
+class RunEvent(models.Model):
+    """The durable live log of a run. The websocket only says 'new events up to seq'."""
+
+    class Kind(models.TextChoices):
+        STATUS = "status"
+        STEP = "step"
+        EXPERIMENT = "experiment"
+        CHANGE = "change"
+        REFUSAL = "refusal"
+        ERROR = "error"
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    message = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="run_event_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} #{self.seq} {self.kind}"

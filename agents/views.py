@@ -1,0 +1,74 @@
+"""Run pages: start, watch live, pause, resume, cancel."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from agents import services
+from agents.models import AgentRun
+from infraops.access import require_any_role
+from infraops.errors import DomainError
+from infraops.models import Goal, Target
+from reviews.models import Change
+
+
+def dashboard(request: HttpRequest) -> HttpResponse:
+    require_any_role(request)
+    return render(request, "agents/dashboard.html", {
+        "targets": Target.objects.all(),
+        "runs": AgentRun.objects.select_related("goal_version__goal", "target", "started_by")[:20],
+        "pending_reviews": Change.objects.awaiting_review().count(),
+    })
+
+
+def _get_run_for_user(request: HttpRequest, pk: int) -> AgentRun:
+    require_any_role(request)
+    return get_object_or_404(
+        AgentRun.objects.select_related("goal_version__goal", "target", "started_by"), pk=pk
+    )
+
+
+@require_POST
+def run_start(request: HttpRequest, goal_id: int) -> HttpResponse:
+    goal = get_object_or_404(Goal.objects.select_related("target"), pk=goal_id)
+    try:
+        run = services.run_start(goal=goal, user=request.user)
+    except DomainError as exc:
+        messages.error(request, str(exc))
+        return redirect("infraops:target", name=goal.target.name)
+    return redirect("agents:run", pk=run.pk)
+
+
+def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    run = _get_run_for_user(request, pk)
+    after_text = request.GET.get("after", "0")
+    after = int(after_text) if after_text.isdigit() else 0
+    events = run.events.filter(seq__gt=after).order_by("seq")
+    context = {
+        "run": run, "events": events, "steps": run.steps.order_by("number"),
+        "changes": run.changes.order_by("pk"), "experiments": run.experiments.order_by("pk"),
+    }
+    if request.htmx:
+        return render(request, "agents/run.html#live-update", context)
+    return render(request, "agents/run.html", context)
+
+
+@require_POST
+def run_control(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+    run = _get_run_for_user(request, pk)
+    control = {"pause": services.run_pause, "resume": services.run_resume,
+               "cancel": services.run_cancel}.get(action)
+    if control is None:
+        return HttpResponse(f"Unknown action {action!r}.", status=400)
+    try:
+        run = control(run=run, user=request.user)
+    except DomainError as exc:
+        if request.htmx:
+            return HttpResponse(str(exc), status=409)
+        messages.error(request, str(exc))
+    if request.htmx:
+        return render(request, "agents/run.html#run-controls", {"run": run})
+    return redirect("agents:run", pk=run.pk)

@@ -1,0 +1,135 @@
+"""Comparisons of candidate and baseline samples, and criteria verdicts. Pure: no Django.
+
+This is the thin first layer of the feedback: medians and their ratio per (probe, variant,
+metric, case). Confidence intervals and rank tests extend it (see docs/feedback.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    probe: str
+    side: str  # "baseline" | "candidate"
+    variant: str  # canonical "k=v,k2=v2"; "" for the default
+    metric: str
+    value: float
+    unit: str = ""
+    case: str = ""
+
+
+@dataclass(frozen=True)
+class MetricComparison:
+    probe: str
+    variant: str
+    metric: str
+    case: str
+    unit: str
+    baseline_median: float | None
+    candidate_median: float | None
+    baseline_n: int
+    candidate_n: int
+
+    @property
+    def ratio(self) -> float | None:
+        """candidate / baseline; None when either side is unmeasured or the baseline is 0."""
+        if self.baseline_median in (None, 0) or self.candidate_median is None:
+            return None
+        return self.candidate_median / self.baseline_median
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"ratio": self.ratio}
+
+
+def compare_samples(rows: Iterable[SampleRow]) -> list[MetricComparison]:
+    """Group samples by (probe, variant, metric, case) and compare the sides' medians."""
+    groups: dict[tuple[str, str, str, str], dict[str, list[float]]] = defaultdict(
+        lambda: {"baseline": [], "candidate": []}
+    )
+    units: dict[tuple[str, str, str, str], str] = {}
+    for row in rows:
+        key = (row.probe, row.variant, row.metric, row.case)
+        groups[key][row.side].append(row.value)
+        units.setdefault(key, row.unit)
+    result = []
+    for key in sorted(groups):
+        sides = groups[key]
+        result.append(
+            MetricComparison(
+                probe=key[0], variant=key[1], metric=key[2], case=key[3], unit=units[key],
+                baseline_median=_median(sides["baseline"]),
+                candidate_median=_median(sides["candidate"]),
+                baseline_n=len(sides["baseline"]), candidate_n=len(sides["candidate"]),
+            )
+        )
+    return result
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    criterion: str
+    passed: bool
+    quantity: float | None
+    detail: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def metric_value(
+    comparisons: Sequence[MetricComparison], *, probe: str, metric: str, variant: str, side: str
+) -> float | None:
+    """The median of one metric at one variant and side, over all cases (median of medians)."""
+    values = [
+        (c.candidate_median if side == "candidate" else c.baseline_median)
+        for c in comparisons
+        if c.probe == probe and c.metric == metric and c.variant == variant
+    ]
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def evaluate_criterion(spec: dict[str, Any], comparisons: Sequence[MetricComparison]) -> Verdict:
+    """A criterion spec (see AcceptanceCriterion.as_spec) against compared samples.
+
+    Unmeasured means failed: a criterion whose numbers are missing never passes.
+    """
+    probe, metric, kind = spec["probe"], spec["metric"], spec["kind"]
+    variant = _canonical(spec.get("variant", ""))
+    description = spec.get("description", f"{probe}.{metric}")
+    candidate = metric_value(comparisons, probe=probe, metric=metric, variant=variant,
+                             side="candidate")
+    if kind == "threshold":
+        quantity = candidate
+        shown = "candidate {q:g}"
+    elif kind == "relative":
+        baseline = metric_value(comparisons, probe=probe, metric=metric, variant=variant,
+                                side="baseline")
+        quantity = candidate / baseline - 1 if candidate is not None and baseline else None
+        shown = "candidate vs baseline {q:+.2%}"
+    else:
+        reference = metric_value(comparisons, probe=probe, metric=metric,
+                                 variant=_canonical(spec.get("reference_variant", "")),
+                                 side="candidate")
+        quantity = candidate / reference - 1 if candidate is not None and reference else None
+        shown = "scenario gap {q:+.2%}"
+    if quantity is None:
+        return Verdict(description, False, None, "unmeasured: no samples for this criterion")
+    bound = float(spec["value"])
+    passed = quantity <= bound if spec["comparison"] == "<=" else quantity >= bound
+    return Verdict(description, passed, quantity, shown.format(q=quantity))
+
+
+def _canonical(variant: str) -> str:
+    pairs = [p.strip() for p in variant.split(",") if p.strip()]
+    return ",".join(sorted(f"{k.strip()}={v.strip()}" for k, _, v in (p.partition("=") for p in pairs)))

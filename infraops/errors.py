@@ -1,0 +1,7 @@
+"""The one exception type for rule violations; views turn it into a 4xx with its message."""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    """A rule of the domain said no. str(error) is a sentence fit for the user."""

@@ -1,0 +1,611 @@
+"""The only module in the product that runs ``git``.
+
+Every call goes through :func:`_run`: a subprocess in its own process group with a
+wall-clock timeout, hooks disabled, a cleaned environment and a fixed committer
+identity. Nothing here imports Django, so workers, CLIs and tests use it alike.
+
+Contracts shared by every function:
+
+* ``repo`` is the top folder of a repository: a bare repository or a working tree
+  (a linked worktree included). Git never searches above it for another repository.
+* Failures raise :class:`GitError` (or a subclass) whose message is one sentence
+  naming the git command and the first lines of what git printed.
+* Nothing is ever forced: pushes and fetches use plain refspecs, branch moves are
+  compare-and-swap, and no working tree is ever reset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+GIT_EXECUTABLE = "git"
+DEFAULT_TIMEOUT = 60.0
+
+COMMITTER_NAME = "InfraOps"
+COMMITTER_EMAIL = "infraops@localhost"
+
+# Prepended to every command. Hooks are off because a hook planted by agent code
+# would otherwise run on the host (seen on this machine class); fsmonitor is off
+# because it, too, names a program git would run; ext:: would let a repository URL
+# run an arbitrary command.
+_SAFETY_OPTIONS = {
+    "core.hooksPath": "/dev/null",
+    "core.fsmonitor": "false",
+    "protocol.file.allow": "always",
+    "protocol.ext.allow": "never",
+}
+_SAFETY_CONFIG = tuple(
+    arg for key, value in _SAFETY_OPTIONS.items() for arg in ("-c", f"{key}={value}")
+)
+
+# A push to a repository on this machine starts receive-pack here, and git does not
+# pass our -c options on to it, so the remote's hooks (pre-receive, update,
+# post-receive, reference-transaction) would run on the host. Remotes reached over
+# ssh or http run their hooks on their own machine: that is their owner's policy.
+_HOOKLESS_RECEIVE_PACK = f"{shlex.quote(GIT_EXECUTABLE)} -c core.hooksPath=/dev/null receive-pack"
+
+
+# Inherited GIT_* variables are dropped (GIT_DIR, GIT_INDEX_FILE, GIT_CONFIG_* and the
+# like would silently point a command at another repository or inject config); these
+# only choose how to reach a remote or what to trace, so an operator may set them.
+_INHERITED_GIT_VARIABLES = frozenset(
+    {
+        "GIT_SSH",
+        "GIT_SSH_COMMAND",
+        "GIT_SSH_VARIANT",
+        "GIT_ASKPASS",
+        "GIT_SSL_CAINFO",
+        "GIT_SSL_CAPATH",
+        "GIT_PROXY_COMMAND",
+        "GIT_EXEC_PATH",
+    }
+)
+
+_STDERR_LINES = 3
+_COMMAND_CHARS = 200
+_KILL_GRACE_SECONDS = 5.0
+
+
+class GitError(Exception):
+    """A git command failed, timed out or could not start.
+
+    ``args[0]`` is one sentence naming the command and git's first lines of output.
+    """
+
+
+class MergeConflict(GitError):
+    """The merge would conflict; ``paths`` lists the conflicted files (repo-relative)."""
+
+    def __init__(self, message: str, paths: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.paths: list[str] = list(paths)
+
+    def __reduce__(self) -> tuple[type[MergeConflict], tuple[str, list[str]]]:
+        # Keep ``paths`` through pickling (Exception's default reduce drops it).
+        return (type(self), (str(self.args[0]), self.paths))
+
+
+class RefMoved(GitError):
+    """The branch was not where the caller expected: it moved since it was read."""
+
+
+@dataclass(frozen=True)
+class _Result:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _environment(cwd: Path, extra: Mapping[str, str] | None) -> dict[str, str]:
+    """The environment for one git call: inherited minus GIT_*, plus our fixed values."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("GIT_")
+        or key in _INHERITED_GIT_VARIABLES
+        or key.startswith("GIT_TRACE")
+    }
+    env.update(
+        GIT_TERMINAL_PROMPT="0",
+        GIT_CONFIG_NOSYSTEM="1",
+        LC_ALL="C",
+        # Without a ceiling, a folder that is not a repository (a worktree whose .git
+        # was deleted) would be taken for whatever repository encloses it.
+        GIT_CEILING_DIRECTORIES=str(cwd.parent),
+        GIT_COMMITTER_NAME=COMMITTER_NAME,
+        GIT_COMMITTER_EMAIL=COMMITTER_EMAIL,
+        GIT_AUTHOR_NAME=COMMITTER_NAME,
+        GIT_AUTHOR_EMAIL=COMMITTER_EMAIL,
+    )
+    if extra:
+        env.update(extra)
+    return env
+
+
+def _describe(args: Sequence[str]) -> str:
+    """The command as a reader would type it, shortened to one line."""
+    text = shlex.join(["git", *args])
+    return text if len(text) <= _COMMAND_CHARS else text[: _COMMAND_CHARS - 3] + "..."
+
+
+def _first_lines(output: bytes) -> str:
+    lines = [line.strip() for line in output.decode("utf-8", "replace").splitlines()]
+    kept = [line for line in lines if line][:_STDERR_LINES]
+    return " / ".join(kept) if kept else "(no output)"
+
+
+def _failure(args: Sequence[str], cwd: Path, result: _Result) -> str:
+    detail = _first_lines(result.stderr or result.stdout)
+    return f"`{_describe(args)}` in {cwd} failed with exit status {result.returncode}: {detail}"
+
+
+def _communicate(
+    args: Sequence[str], cwd: Path, env: Mapping[str, str], input: bytes | None, timeout: float
+) -> _Result:
+    """Run one process in a new session; on timeout kill its whole process group."""
+    command = [GIT_EXECUTABLE, *_SAFETY_CONFIG, *args]
+    try:
+        process = subprocess.Popen(
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise GitError(f"`{_describe(args)}` in {cwd} could not start: {exc}") from exc
+    try:
+        stdout, stderr = process.communicate(input=input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # git spawns helpers (remote-http, ssh, pack-objects): kill them all, not just git.
+        _kill_group(process)
+        raise GitError(
+            f"`{_describe(args)}` in {cwd} timed out after {timeout:g} s and was killed."
+        ) from None
+    return _Result(process.returncode, stdout, stderr)
+
+
+def _kill_group(process: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    try:
+        process.communicate(timeout=_KILL_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        # A helper that left our process group still holds the pipes; stop waiting.
+        process.kill()
+
+
+def _run(
+    cwd: Path,
+    args: Sequence[str],
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    input: bytes | None = None,
+    env: Mapping[str, str] | None = None,
+    ok_codes: frozenset[int] = frozenset({0}),
+) -> _Result:
+    """Run ``git <args>`` in ``cwd``; raise GitError unless the exit status is in ok_codes."""
+    if not cwd.is_dir():
+        raise GitError(f"`{_describe(args)}` cannot run: folder {cwd} does not exist.")
+    cwd = cwd.resolve()
+    result = _communicate(args, cwd, _environment(cwd, env), input, timeout)
+    if result.returncode not in ok_codes:
+        raise GitError(_failure(args, cwd, result))
+    return result
+
+
+def git(
+    repo: Path, *args: str, timeout: float = DEFAULT_TIMEOUT, input: bytes | None = None
+) -> str:
+    """Run ``git <args>`` in ``repo`` and return its stdout.
+
+    Output is decoded as UTF-8, undecodable bytes replaced (use ``read_file`` for exact
+    bytes). Raises GitError on a non-zero exit, a timeout, or a missing ``repo`` folder.
+    """
+    return _run(repo, args, timeout=timeout, input=input).stdout.decode("utf-8", "replace")
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check_rev(rev: str) -> None:
+    # A revision beginning with "-" would be read as an option.
+    if not rev or rev.startswith("-") or "\n" in rev or "\0" in rev:
+        raise GitError(f"{rev!r} is not a usable revision.")
+
+
+def _check_branch(repo: Path, branch: str) -> None:
+    """Raise GitError unless ``branch`` is a valid short branch name."""
+    if branch.startswith("-"):
+        raise GitError(f"{branch!r} is not a valid branch name.")
+    result = _run(repo, ["check-ref-format", f"refs/heads/{branch}"], ok_codes=frozenset({0, 1}))
+    if result.returncode != 0:
+        raise GitError(f"{branch!r} is not a valid branch name.")
+
+
+def _nul_split(output: bytes) -> list[str]:
+    return [item.decode("utf-8", "surrogateescape") for item in output.split(b"\0") if item]
+
+
+# --------------------------------------------------------------------------- repositories
+
+
+def repo_init_from_dir(src: Path, dest_bare: Path, *, branch: str, message: str) -> str:
+    """Create a bare repository at ``dest_bare`` whose ``branch`` is one commit of ``src``.
+
+    ``src`` is read, never written (the index lives in a temporary file inside
+    ``dest_bare``; ``.gitignore`` files in ``src`` are honoured). ``dest_bare`` must
+    not exist or be empty. Author and committer are the fixed InfraOps identity.
+    Returns the commit's sha.
+    """
+    if not src.is_dir():
+        raise GitError(f"cannot create a repository from {src}: it is not a folder.")
+    if dest_bare.exists() and any(dest_bare.iterdir()):
+        raise GitError(f"cannot create a repository at {dest_bare}: the folder is not empty.")
+    dest_bare.mkdir(parents=True, exist_ok=True)
+    _check_branch(dest_bare, branch)
+    git(dest_bare, "init", "--quiet", "--bare", f"--initial-branch={branch}")
+    tree = _tree_of_folder(src.resolve(), dest_bare.resolve())
+    sha = _commit_tree(dest_bare, tree, parents=(), message=message)
+    # An empty old value makes update-ref refuse if the branch already exists.
+    git(dest_bare, "update-ref", "-m", "infraops: initial commit", f"refs/heads/{branch}", sha, "")
+    return sha
+
+
+def _tree_of_folder(src: Path, git_dir: Path) -> str:
+    """Write the files of ``src`` as a tree into ``git_dir``; return the tree's sha."""
+    index = git_dir / "infraops-import.index"
+    env = {"GIT_INDEX_FILE": str(index)}
+    where = ["--git-dir", str(git_dir), "--work-tree", str(src)]
+    try:
+        _run(src, [*where, "add", "--all", "."], env=env)
+        return _run(src, [*where, "write-tree"], env=env).stdout.decode().strip()
+    finally:
+        index.unlink(missing_ok=True)
+
+
+def repo_clone_bare(url: str, dest: Path, *, timeout: float = 300) -> None:
+    """Clone ``url`` as a bare repository at ``dest`` (its branches become ``refs/heads/*``).
+
+    Raises GitError with a sentence naming the URL when the source is unreachable or
+    the clone fails or times out; a partial ``dest`` is then removed (only if this
+    call created it).
+    """
+    if url.startswith("-"):
+        raise GitError(f"{url!r} is not a usable repository URL.")
+    existed = dest.exists()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    args = ["clone", "--bare", "--quiet", "--no-tags", "--", url, str(dest.resolve())]
+    try:
+        _run(dest.parent, args, timeout=timeout)
+    except GitError as exc:
+        if not existed and dest.exists():
+            shutil.rmtree(dest, ignore_errors=True)
+        raise GitError(f"could not clone {url!r} into {dest}: {exc.args[0]}") from exc
+
+
+def repo_fetch(repo: Path, *, remote: str = "origin", timeout: float = 300) -> None:
+    """Fetch ``remote``'s branches into ``refs/remotes/<remote>/*`` (never into local branches).
+
+    Local branches are not moved: bring upstream work in with :func:`merge` of
+    ``refs/remotes/<remote>/<branch>``. The refspec is not forced, so a branch whose
+    upstream history was rewritten is rejected with a GitError naming it; the other
+    branches are still updated. Branches deleted upstream are pruned.
+    """
+    if remote.startswith("-"):
+        raise GitError(f"{remote!r} is not a usable remote.")
+    refspec = f"refs/heads/*:refs/remotes/{remote}/*"
+    git(repo, "fetch", "--quiet", "--prune", "--no-tags", remote, refspec, timeout=timeout)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def rev_parse(repo: Path, rev: str) -> str:
+    """Resolve ``rev`` to the full sha of a commit (tags are peeled).
+
+    Raises GitError "unknown revision ..." when it names no commit in ``repo``.
+    """
+    _check_rev(rev)
+    result = _run(
+        repo, ["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], ok_codes=frozenset({0, 1})
+    )
+    sha = result.stdout.decode().strip()
+    if result.returncode != 0 or not sha:
+        raise GitError(f"unknown revision {rev!r} in {repo}.")
+    return sha
+
+
+def branch_exists(repo: Path, branch: str) -> bool:
+    """True when ``refs/heads/<branch>`` exists in ``repo``."""
+    _check_rev(branch)
+    result = _run(
+        repo,
+        ["show-ref", "--verify", "--quiet", f"refs/heads/{branch}"],
+        ok_codes=frozenset({0, 1}),
+    )
+    return result.returncode == 0
+
+
+def read_file(repo: Path, commit: str, path: str) -> bytes | None:
+    """The exact bytes of file ``path`` (repo-relative, ``/``-separated) at ``commit``.
+
+    Returns None when no file is there (absent, or a folder). A symlink gives its
+    target text. Raises GitError when ``commit`` itself is unknown.
+    """
+    sha = rev_parse(repo, commit)
+    if "\n" in path or "\0" in path:
+        return None
+    spec = f"{sha}:{path.lstrip('/')}\n".encode("utf-8", "surrogateescape")
+    output = _run(repo, ["cat-file", "--batch"], input=spec).stdout
+    header, _, body = output.partition(b"\n")
+    # "<sha> <type> <size>", or "<spec> missing" when the path is absent.
+    fields = header.split(b" ")
+    if len(fields) != 3 or fields[1] != b"blob":
+        return None
+    return body[: int(fields[2])]
+
+
+def list_files(repo: Path, commit: str) -> list[str]:
+    """Every file path (repo-relative, recursive) at ``commit``, in git's order."""
+    sha = rev_parse(repo, commit)
+    output = _run(repo, ["ls-tree", "-r", "-z", "--name-only", "--full-tree", sha]).stdout
+    return _nul_split(output)
+
+
+def diff(repo: Path, base: str, head: str, *, context: int = 3) -> str:
+    """The unified diff from ``base`` to ``head`` (two trees compared, like ``base..head``).
+
+    Plain text independent of user config: no colour, no external diff, no textconv,
+    ``a/``/``b/`` prefixes, renames shown as a deletion plus an addition (so every
+    touched path appears, as in :func:`changed_paths`). Binary files appear as
+    "Binary files ... differ".
+    """
+    old, new = rev_parse(repo, base), rev_parse(repo, head)
+    return git(
+        repo,
+        "diff",
+        "--no-color",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--no-renames",
+        "--src-prefix=a/",
+        "--dst-prefix=b/",
+        f"--unified={context}",
+        old,
+        new,
+        "--",
+    )
+
+
+def changed_paths(repo: Path, base: str, head: str) -> list[str]:
+    """Every path added, modified or deleted between ``base`` and ``head`` (renames: both)."""
+    old, new = rev_parse(repo, base), rev_parse(repo, head)
+    args = ["diff", "--name-only", "-z", "--no-renames", "--no-ext-diff", old, new, "--"]
+    return _nul_split(_run(repo, args).stdout)
+
+
+# --------------------------------------------------------------------------- worktrees
+
+
+def worktree_add(repo: Path, path: Path, commit: str, *, branch: str | None = None) -> None:
+    """Check out ``commit`` in a new worktree at ``path`` (which must not exist or be empty).
+
+    Detached when ``branch`` is None; otherwise creates ``branch`` at ``commit`` and
+    fails with GitError if that branch already exists.
+    """
+    sha = rev_parse(repo, commit)
+    target = str(path.resolve())
+    if branch is None:
+        git(repo, "worktree", "add", "--quiet", "--detach", target, sha)
+        return
+    _check_branch(repo, branch)
+    git(repo, "worktree", "add", "--quiet", "-b", branch, target, sha)
+
+
+def worktree_remove(repo: Path, path: Path) -> None:
+    """Delete the worktree at ``path`` with whatever it contains, then prune its records.
+
+    Tolerant when ``path`` is already gone. Refuses (GitError) to delete a folder that
+    is not a linked worktree of ``repo``: the check guards against deleting the wrong tree.
+    """
+    target = path.resolve()
+    if target.exists():
+        if target not in _linked_worktrees(repo):
+            raise GitError(f"{path} is not a worktree of {repo}; refusing to delete it.")
+        # Deleted by us rather than by `git worktree remove`, which refuses a tree with
+        # changes unless forced.
+        try:
+            shutil.rmtree(target)
+        except OSError as exc:
+            raise GitError(f"could not delete worktree {path}: {exc}") from exc
+    git(repo, "worktree", "prune")
+
+
+def _linked_worktrees(repo: Path) -> set[Path]:
+    """Resolved paths of ``repo``'s linked worktrees (its main tree excluded)."""
+    fields = _nul_split(_run(repo, ["worktree", "list", "--porcelain", "-z"]).stdout)
+    prefix = "worktree "
+    paths = [Path(field[len(prefix) :]).resolve() for field in fields if field.startswith(prefix)]
+    return set(paths[1:])
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _identity(author_name: str, author_email: str) -> dict[str, str]:
+    return {"GIT_AUTHOR_NAME": author_name, "GIT_AUTHOR_EMAIL": author_email}
+
+
+def commit_all(worktree: Path, message: str, *, author_name: str, author_email: str) -> str | None:
+    """Stage every change in ``worktree`` (``git add --all``) and commit it.
+
+    Returns the new commit's sha, or None when nothing changed (no commit is made).
+    The committer is the fixed InfraOps identity; no hook runs.
+    """
+    git(worktree, "add", "--all")
+    staged = _run(
+        worktree, ["diff", "--cached", "--quiet", "--no-ext-diff"], ok_codes=frozenset({0, 1})
+    )
+    if staged.returncode == 0:
+        return None
+    _run(
+        worktree,
+        ["commit", "--quiet", "--no-verify", "--no-gpg-sign", "--cleanup=whitespace", "--file=-"],
+        input=message.encode(),
+        env=_identity(author_name, author_email),
+    )
+    return rev_parse(worktree, "HEAD")
+
+
+def _commit_tree(
+    repo: Path,
+    tree: str,
+    *,
+    parents: Sequence[str],
+    message: str,
+    env: Mapping[str, str] | None = None,
+) -> str:
+    parent_args = [arg for parent in parents for arg in ("-p", parent)]
+    result = _run(
+        repo,
+        ["commit-tree", "--no-gpg-sign", *parent_args, "-F", "-", tree],
+        input=message.encode(),
+        env=env,
+    )
+    return result.stdout.decode().strip()
+
+
+def _is_ancestor(repo: Path, ancestor: str, descendant: str) -> bool:
+    result = _run(
+        repo, ["merge-base", "--is-ancestor", ancestor, descendant], ok_codes=frozenset({0, 1})
+    )
+    return result.returncode == 0
+
+
+def merge(
+    repo: Path,
+    *,
+    branch: str,
+    commit: str,
+    expected_base: str | None,
+    message: str,
+    author_name: str,
+    author_email: str,
+) -> str:
+    """Merge ``commit`` into ``branch`` without touching any working tree; return the new tip.
+
+    * ``expected_base``, when given, must resolve to the branch tip, else RefMoved.
+    * Already contained: the tip is returned unchanged. Tip is an ancestor of
+      ``commit``: fast-forward (``message`` unused). Otherwise ``git merge-tree
+      --write-tree`` checks for conflicts (MergeConflict with the paths; the branch is
+      not moved) and a two-parent commit (tip first) records the merge.
+    * The branch moves by compare-and-swap; RefMoved if it moved meanwhile.
+
+    A working tree that has ``branch`` checked out is not updated: its files then
+    differ from the new tip, so merge into branches nobody has checked out.
+    """
+    _check_branch(repo, branch)
+    ref = f"refs/heads/{branch}"
+    if not branch_exists(repo, branch):
+        raise GitError(f"branch {branch!r} does not exist in {repo}.")
+    tip = rev_parse(repo, ref)
+    if expected_base is not None and not _names_commit(repo, expected_base, tip):
+        raise RefMoved(
+            f"branch {branch!r} in {repo} is at {tip}, not at the expected base {expected_base}."
+        )
+    incoming = rev_parse(repo, commit)
+    if _is_ancestor(repo, incoming, tip):
+        return tip
+    if _is_ancestor(repo, tip, incoming):
+        new_tip = incoming
+    else:
+        tree = _merge_tree(repo, branch=branch, tip=tip, incoming=incoming)
+        env = _identity(author_name, author_email)
+        new_tip = _commit_tree(repo, tree, parents=(tip, incoming), message=message, env=env)
+    _compare_and_swap(repo, branch=branch, new=new_tip, old=tip)
+    return new_tip
+
+
+def _names_commit(repo: Path, rev: str, sha: str) -> bool:
+    """True when ``rev`` resolves to ``sha``; an unknown ``rev`` names no commit at all."""
+    try:
+        return rev_parse(repo, rev) == sha
+    except GitError:
+        return False
+
+
+def _merge_tree(repo: Path, *, branch: str, tip: str, incoming: str) -> str:
+    """The merged tree of ``tip`` and ``incoming``; MergeConflict when they conflict."""
+    args = ["merge-tree", "--write-tree", "--name-only", "--no-messages", "-z", tip, incoming]
+    result = _run(repo, args, ok_codes=frozenset({0, 1}))
+    tree, *paths = _nul_split(result.stdout)
+    if result.returncode == 1:
+        conflicted = list(dict.fromkeys(paths))
+        raise MergeConflict(
+            f"`{_describe(args)}` found conflicts merging {incoming} into branch {branch!r} "
+            f"in {repo}: {', '.join(conflicted) or '(no paths reported)'}.",
+            conflicted,
+        )
+    return tree
+
+
+def _compare_and_swap(repo: Path, *, branch: str, new: str, old: str) -> None:
+    """Move ``branch`` from ``old`` to ``new``; RefMoved if it is no longer at ``old``."""
+    ref = f"refs/heads/{branch}"
+    try:
+        git(repo, "update-ref", "-m", f"infraops: merge {new}", ref, new, old)
+    except GitError as exc:
+        now = rev_parse(repo, ref) if branch_exists(repo, branch) else "(deleted)"
+        if now != old:
+            raise RefMoved(
+                f"branch {branch!r} in {repo} moved from {old} to {now} during the merge."
+            ) from exc
+        raise
+
+
+def push(repo: Path, remote: str, branch: str, *, timeout: float = 120) -> None:
+    """Push local ``branch`` to the same branch on ``remote`` (a name or a URL).
+
+    A plain push: the remote accepts only a fast-forward (or a new branch); a
+    rejection raises GitError naming the command and git's reason.
+    """
+    if remote.startswith("-"):
+        raise GitError(f"{remote!r} is not a usable remote.")
+    _check_branch(repo, branch)
+    # Full ref names on both sides: the refspec can never start with "+", which forces.
+    refspec = f"refs/heads/{branch}:refs/heads/{branch}"
+    args = ["push", "--quiet", "--no-verify", "--porcelain"]
+    if _is_local_url(_remote_url(repo, remote)):
+        args.append(f"--receive-pack={_HOOKLESS_RECEIVE_PACK}")
+    git(repo, *args, remote, refspec, timeout=timeout)
+
+
+def _remote_url(repo: Path, remote: str) -> str:
+    """The URL behind ``remote``: a configured remote's URL, else ``remote`` itself."""
+    names = git(repo, "remote").split()
+    return git(repo, "remote", "get-url", remote).strip() if remote in names else remote
+
+
+def _is_local_url(url: str) -> bool:
+    """Whether git reaches ``url`` through a local path (git's own rule, minus Windows drives)."""
+    if url.startswith("file://"):
+        return True
+    if "://" in url:
+        return False
+    colon, slash = url.find(":"), url.find("/")
+    # "host:path" is scp-like ssh; a "/" before the first ":" makes it a path.
+    return colon == -1 or (slash != -1 and slash < colon)

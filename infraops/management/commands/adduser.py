@@ -1,0 +1,46 @@
+"""manage.py adduser NAME --role engineer|reviewer|viewer [--password P] [--admin]"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+
+from infraops.roles import ENGINEER, ROLES
+
+
+class Command(BaseCommand):
+    help = "Create a user (or update its roles) with one or more roles."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("username")
+        parser.add_argument("--role", action="append", choices=ROLES, required=True,
+                            help="engineer, reviewer or viewer; repeat for several.")
+        parser.add_argument("--password", help="Default: a generated one, printed once.")
+        parser.add_argument("--email", default="")
+        parser.add_argument("--admin", action="store_true", help="Also a superuser.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        User = get_user_model()
+        password = options["password"] or secrets.token_urlsafe(12)
+        with transaction.atomic():
+            user, created = User.objects.get_or_create(username=options["username"],
+                                                       defaults={"email": options["email"]})
+            if created or options["password"]:
+                user.set_password(password)
+            # Engineers edit goals in the admin editor, so they are staff.
+            user.is_staff = options["admin"] or ENGINEER in options["role"] or user.is_staff
+            user.is_superuser = options["admin"] or user.is_superuser
+            user.save()
+            groups = list(Group.objects.filter(name__in=options["role"]))
+            if len(groups) != len(set(options["role"])):
+                raise CommandError("Role groups are missing: run `manage.py migrate` first.")
+            user.groups.add(*groups)
+        roles = ", ".join(sorted(g.name for g in user.groups.all()))
+        verb = "Created" if created else "Updated"
+        shown = f" with password {password}" if created or options["password"] else ""
+        self.stdout.write(f"{verb} {user.get_username()} ({roles}){shown}")

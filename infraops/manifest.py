@@ -1,0 +1,1153 @@
+"""Read and validate a target repository's ``infraops.toml``: the feedback contract.
+
+Contract:
+
+- ``parse_manifest(text)`` returns a ``Manifest`` or raises ``ManifestError`` carrying *every*
+  problem found, each with the table, the field and (best effort) the 1-based line it is
+  written on. Nothing else escapes it, whatever the text (a property test holds it to that).
+- The module is pure: no Django, no file system, no subprocess. Callers pass the text in.
+- Tables are named in messages as ``probe[N] 'name'``, ``knob[N] 'name'`` (N counts the
+  ``[[probe]]`` / ``[[knob]]`` tables from 1 in file order), ``risk.<name>`` and
+  ``(top level)``.
+
+The file format (see ARCHITECTURE.md, "The feedback contract"; ``metrics``, ``files`` and
+``always`` are our extensions)::
+
+    [[probe]]
+    name = "decode-bench"            # letters, digits, '.', '_', '-'
+    layer = "performance"            # correctness | behaviour | performance | e2e
+    command = "python bench/decode.py"
+    metrics = ["tokens_per_s"]       # required: what it writes to metrics.jsonl
+    cost = 2                         # whole number, lower runs first (default 1)
+    timeout = 900                    # seconds (default 600)
+    covers = ["src/kernels/**"]      # repo-relative globs (default ["**"])
+    variants = {cp = ["off", "on"]}  # matrix; values become strings
+    compare = [{reference = {cp = "off"}, candidate = {cp = "on"}, rtol = 1e-5, atol = 1e-6}]
+    repeat = 5                       # default 1, or 5 for performance and e2e
+    requires = ["gpu"]
+    measure = "wall"                 # wall | instructions
+    always = false                   # run even when covers misses the change
+    files = ["bench/decode.py"]      # the probe's own files, protected from agent edits
+
+    [[knob]]
+    name = "block-size"
+    file = "src/config.py"
+    pattern = '^BLOCK_SIZE = (\\d+)$'  # exactly one capturing group; compiled with re.MULTILINE
+    range = [16, 256, 16]            # [low, high] or [low, high, step]; or values = [...]
+
+    [risk.numerics]
+    category = "numerics"            # numerics | concurrency | production
+    reason = "kernels change numerical results"
+    paths = ["src/kernels/**"]       # at least one of paths / patterns
+    patterns = ['\\bfloat16\\b']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import itertools
+import math
+import operator
+import re
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from decimal import Context, Decimal, InvalidOperation, localcontext
+from typing import Any
+
+LAYERS = ("correctness", "behaviour", "performance", "e2e")
+MEASURES = ("wall", "instructions")
+RISK_CATEGORIES = ("numerics", "concurrency", "production")
+MANIFEST_PATH = "infraops.toml"
+
+DEFAULT_COST = 1
+DEFAULT_TIMEOUT = 600.0
+DEFAULT_COVERS = ("**",)
+# Wall time on this machine class varied 16-29% run to run: noisy layers need several samples.
+NOISY_LAYERS = ("performance", "e2e")
+DEFAULT_REPEAT_NOISY = 5
+DEFAULT_REPEAT = 1
+# numpy.allclose's defaults, so that a compare entry without tolerances means what people expect.
+DEFAULT_RTOL = 1e-5
+DEFAULT_ATOL = 1e-8
+# knob_values refuses to list more than this: a tuner should use the range itself instead.
+MAX_KNOB_VALUES = 10_000
+# Knob arithmetic is exact decimal; 28 digits (the default) would round long ranges silently.
+_DECIMALS = Context(prec=80)
+
+TOP_LEVEL_KEYS = ("probe", "knob", "risk")
+PROBE_KEYS = (
+    "name", "layer", "command", "metrics", "cost", "timeout", "covers", "variants", "compare",
+    "repeat", "requires", "measure", "always", "files",
+)
+COMPARE_KEYS = ("reference", "candidate", "rtol", "atol")
+KNOB_KEYS = ("name", "file", "pattern", "values", "range", "description")
+RISK_KEYS = ("category", "reason", "paths", "patterns")
+
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+# Variant keys become environment variables (upper-cased by the runner).
+_VARIANT_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_RESERVED_ENV_PREFIX = "INFRAOPS_"
+# Requirements become parts of Celery queue names (experiments.gpu).
+_REQUIREMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+_REQUIREMENT_RULE = "letters, digits, '_' or '-', starting with a letter or digit"
+_GLOB_CHARS = frozenset("*?[")
+
+_NAME_RULE = "letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+# --- Parsed data ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ManifestProblem:
+    """One thing wrong with the manifest, located as precisely as the text allows."""
+
+    table: str
+    field: str | None
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = [f"line {self.line}"] if self.line is not None else []
+        where.append(self.table)
+        if self.field is not None:
+            where.append(f"field {self.field}")
+        return f"{', '.join(where)}: {self.message}"
+
+
+class ManifestError(Exception):
+    """The manifest is invalid. ``problems`` holds all problems found, in file order."""
+
+    def __init__(self, problems: Sequence[ManifestProblem]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(str(problem) for problem in self.problems))
+
+    def __reduce__(self) -> tuple[type[ManifestError], tuple[list[ManifestProblem]]]:
+        # Exception pickles as cls(*args) with args = (message,); rebuild from the problems.
+        return (type(self), (self.problems,))
+
+
+@dataclasses.dataclass(frozen=True)
+class Compare:
+    """Outputs of the ``reference`` variant cell must match the ``candidate`` cell within
+    ``|candidate - reference| <= atol + rtol * |reference|``. Both name the same variant keys;
+    the values are strings as in ``Probe.variants``."""
+
+    reference: dict[str, str]
+    candidate: dict[str, str]
+    rtol: float = DEFAULT_RTOL
+    atol: float = DEFAULT_ATOL
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Probe:
+    """One ``[[probe]]``. ``repeat`` has no dataclass default because the parser's default
+    depends on the layer. Not hashable (``variants`` is a dict)."""
+
+    name: str
+    layer: str
+    command: str
+    metrics: tuple[str, ...]
+    repeat: int
+    cost: int = DEFAULT_COST
+    timeout: float = DEFAULT_TIMEOUT
+    covers: tuple[str, ...] = DEFAULT_COVERS
+    variants: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    compare: tuple[Compare, ...] = ()
+    requires: tuple[str, ...] = ()
+    measure: str = "wall"
+    always: bool = False
+    files: tuple[str, ...] = ()
+
+    def variant_matrix(self) -> list[dict[str, str]]:
+        """Every combination of variant values, keys in manifest order; ``[{}]`` when the
+        probe has no variants (it then runs once per repeat, with no variant variables)."""
+        keys = list(self.variants)
+        return [
+            dict(zip(keys, combo, strict=True))
+            for combo in itertools.product(*(self.variants[key] for key in keys))
+        ]
+
+    def covers_any(self, paths: Iterable[str]) -> bool:
+        """Whether any of the repo-relative ``paths`` matches one of ``covers`` (see
+        ``glob_match``). ``always`` is not consulted: the scheduler combines the two."""
+        wanted = list(paths)
+        return any(glob_match(glob, path) for glob in self.covers for path in wanted)
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """A tunable value in ``file``: ``pattern`` (re.MULTILINE) has exactly one capturing
+    group, the value. Exactly one of ``values`` and ``range`` is set; ``range`` is
+    ``(low, high, step)`` with ``step`` None for a continuous range. Range bounds keep the
+    type TOML gave them: all-int bounds make a whole-number knob."""
+
+    name: str
+    file: str
+    pattern: str
+    values: tuple[str, ...] | None = None
+    range: tuple[float, float, float | None] | None = None
+    description: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class RiskRule:
+    """A ``[risk.<name>]`` rule for the risk classifier: changed files matching ``paths``
+    and/or changed lines matching ``patterns`` are a ``category`` risk, for ``reason``.
+    At least one of ``paths`` and ``patterns`` is non-empty."""
+
+    name: str
+    category: str
+    reason: str
+    paths: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A valid manifest. Probe and knob names are unique."""
+
+    probes: tuple[Probe, ...]
+    knobs: tuple[Knob, ...] = ()
+    risk: tuple[RiskRule, ...] = ()
+
+    def probe(self, name: str) -> Probe | None:
+        return next((probe for probe in self.probes if probe.name == name), None)
+
+    def knob(self, name: str) -> Knob | None:
+        return next((knob for knob in self.knobs if knob.name == name), None)
+
+    def metrics(self) -> dict[str, tuple[str, ...]]:
+        """Probe name -> the metric names it reports, in manifest order."""
+        return {probe.name: probe.metrics for probe in self.probes}
+
+    def protected_paths(self) -> tuple[str, ...]:
+        """``infraops.toml`` and every probe's ``files`` (paths or globs, see ``glob_match``),
+        without duplicates: what the agent may never edit, whatever its boundaries say."""
+        paths = [MANIFEST_PATH, *(path for probe in self.probes for path in probe.files)]
+        return tuple(dict.fromkeys(paths))
+
+
+# --- Globs ---------------------------------------------------------------------------------
+
+
+def glob_match(pattern: str, path: str) -> bool:
+    """Whether the repo-relative POSIX ``path`` matches ``pattern`` as a whole.
+
+    Segments are split on '/'; a ``**`` segment matches any number of segments (zero
+    included); any other segment matches one path segment with fnmatch rules, case-sensitive
+    (``*``, ``?``, ``[...]``). The match is anchored at the repository root, so ``*.py`` matches
+    only top-level files and ``**/*.py`` matches them at any depth. A pattern ending in '/'
+    matches everything below that folder. Absolute paths never match.
+    """
+    if path.startswith("/"):
+        return False
+    wanted = [segment for segment in path.split("/") if segment not in ("", ".")]
+    segments = pattern.split("/")
+    if pattern.endswith("/"):
+        segments[-1] = "**"
+    # reach[j]: the segments seen so far match the first j path segments.
+    reach = [True] + [False] * len(wanted)
+    for segment in segments:
+        if segment == "**":
+            reach = list(itertools.accumulate(reach, operator.or_))
+        else:
+            reach = [False] + [
+                reach[j] and fnmatch.fnmatchcase(wanted[j], segment) for j in range(len(wanted))
+            ]
+    return reach[-1]
+
+
+def _relative_path_problem(path: str, *, glob: bool) -> str | None:
+    """Why ``path`` cannot name something inside the repository; None when it can."""
+    if not path.strip():
+        return "is empty"
+    if path.startswith(("/", "\\")) or re.match(r"[A-Za-z]:", path):
+        return "is absolute; write it relative to the repository root"
+    segments = path.split("/")
+    if glob and path.endswith("/"):
+        segments = segments[:-1]
+    if ".." in segments:
+        return "contains '..'; it must stay inside the repository"
+    if "." in segments:
+        return "contains a '.' segment; write 'src/x', not './src/x'"
+    if "" in segments:
+        return "has an empty path segment ('//' or a trailing '/')"
+    if not glob and _GLOB_CHARS & set(path):
+        return "must name one file, without glob characters"
+    return None
+
+
+# --- Knobs ---------------------------------------------------------------------------------
+
+
+def knob_read(knob: Knob, text: str) -> str:
+    """The knob's current value in ``text`` (the content of ``knob.file``).
+
+    Raises ValueError, naming the knob and the file, unless the pattern matches exactly once
+    and its group takes part in that match.
+    """
+    match = _single_match(knob, text)
+    return match.group(1)
+
+
+def knob_apply(knob: Knob, text: str, value: str) -> str:
+    """``text`` with the knob's value replaced by ``value``; nothing else changes.
+
+    Raises ValueError when ``value`` is not allowed (not one of ``values``; outside ``range``,
+    off its step, or not a whole number for a whole-number range), when the pattern does not
+    match exactly once, or when the result would not read back as ``value``.
+    """
+    problem = _knob_value_problem(knob, value)
+    if problem is not None:
+        raise ValueError(f"knob {knob.name!r}: value {value!r} {problem}")
+    match = _single_match(knob, text)
+    result = text[: match.start(1)] + value + text[match.end(1) :]
+    # A value can itself create or break a match (e.g. one containing the pattern's text).
+    try:
+        readback = knob_read(knob, result)
+    except ValueError:
+        readback = None
+    if readback != value:
+        raise ValueError(
+            f"knob {knob.name!r}: after writing {value!r} into {knob.file} the pattern no "
+            "longer reads it back exactly once; refusing the edit"
+        )
+    return result
+
+
+def knob_values(knob: Knob) -> list[str]:
+    """Every allowed value as the string knob_apply writes.
+
+    A stepped range is enumerated from low to high (inclusive) in exact decimal steps; a
+    continuous range, or one with more than MAX_KNOB_VALUES values, raises ValueError.
+    """
+    if knob.values is not None:
+        return list(knob.values)
+    if knob.range is None:
+        raise ValueError(f"knob {knob.name!r} has neither values nor range")
+    low, high, step = knob.range
+    if step is None:
+        raise ValueError(
+            f"knob {knob.name!r} is continuous (range [{low}, {high}] without a step); "
+            "it has no finite list of values"
+        )
+    start, stop, stride = _decimal(low), _decimal(high), _decimal(step)
+    with localcontext(_DECIMALS):
+        try:
+            count = int((stop - start) // stride) + 1
+        except InvalidOperation:  # the quotient has more digits than the context holds
+            count = MAX_KNOB_VALUES + 1
+    if count > MAX_KNOB_VALUES:
+        raise ValueError(
+            f"knob {knob.name!r} has {count} values (more than {MAX_KNOB_VALUES}); "
+            "search its range instead of listing it"
+        )
+    whole = _is_whole_range(knob.range)
+    with localcontext(_DECIMALS):
+        return [_format_decimal(start + stride * k, whole=whole) for k in range(count)]
+
+
+def _single_match(knob: Knob, text: str) -> re.Match[str]:
+    matches = list(re.compile(knob.pattern, re.MULTILINE).finditer(text))
+    if len(matches) != 1:
+        lines = ", ".join(str(text.count("\n", 0, m.start()) + 1) for m in matches[:5])
+        where = f" (lines {lines})" if matches else ""
+        raise ValueError(
+            f"knob {knob.name!r}: pattern {knob.pattern!r} matched {len(matches)} times in "
+            f"{knob.file}{where}; it must match exactly once"
+        )
+    if matches[0].group(1) is None:
+        raise ValueError(
+            f"knob {knob.name!r}: pattern {knob.pattern!r} matched in {knob.file} but its "
+            "value group took no part in the match"
+        )
+    return matches[0]
+
+
+def _knob_value_problem(knob: Knob, value: str) -> str | None:
+    if knob.values is not None:
+        if value in knob.values:
+            return None
+        return f"is not allowed; allowed: {', '.join(knob.values)}"
+    if knob.range is None:
+        return "cannot be checked: the knob has neither values nor range"
+    low, high, step = knob.range
+    whole = _is_whole_range(knob.range)
+    if whole and not re.fullmatch(r"[+-]?[0-9]+", value):
+        return "is not a whole number"
+    if value != value.strip():
+        return "has surrounding whitespace"
+    try:
+        number = Decimal(value)
+    except InvalidOperation:
+        return "is not a number"
+    if not number.is_finite():
+        return "is not a finite number"
+    if not _decimal(low) <= number <= _decimal(high):
+        return f"is outside the range [{low}, {high}]"
+    if step is None:
+        return None
+    with localcontext(_DECIMALS):
+        try:
+            on_step = (number - _decimal(low)) % _decimal(step) == 0
+        except InvalidOperation:  # too many digits to tell: refuse rather than round
+            on_step = False
+    return None if on_step else f"is not on a step of {step} from {low}"
+
+
+
+def _decimal(number: float) -> Decimal:
+    # repr gives the shortest text that round-trips, so 0.1 stays 0.1 and steps add exactly.
+    return Decimal(repr(number)) if isinstance(number, float) else Decimal(number)
+
+
+def _is_whole_range(bounds: tuple[float, float, float | None]) -> bool:
+    return all(isinstance(bound, int) for bound in bounds if bound is not None)
+
+
+def _format_decimal(number: Decimal, *, whole: bool) -> str:
+    if whole:
+        return str(int(number))
+    text = format(number.normalize(), "f")
+    # Keep float knobs looking like floats: 1.0, not 1, whatever the target's language.
+    return text if "." in text else f"{text}.0"
+
+
+# --- Locating tables and fields in the text ------------------------------------------------
+
+_KEY_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')"""
+_KEY_PART_RE = re.compile(_KEY_PART)
+_HEADER_RE = re.compile(
+    rf"\s*(\[\[?)\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*(\]\]?)\s*(?:#.*)?"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Header:
+    line: int
+    parts: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Span:
+    """A table's text: its header line (None for the root) up to ``end`` (exclusive)."""
+
+    parts: tuple[str, ...]
+    header: int | None
+    end: int
+
+
+def _key_parts(dotted: str) -> tuple[str, ...]:
+    return tuple(part.strip("\"'") for part in _KEY_PART_RE.findall(dotted))
+
+
+def _code_mask(lines: Sequence[str]) -> list[bool]:
+    """Per line: False when it starts inside a multi-line string (so it holds no key)."""
+    mask: list[bool] = []
+    inside: str | None = None
+    for line in lines:
+        mask.append(inside is None)
+        position = 0
+        while True:
+            if inside is None:
+                found = [(line.find(q, position), q) for q in ('"""', "'''")]
+                found = [(at, q) for at, q in found if at >= 0]
+                if not found:
+                    break
+                position, inside = min(found)
+            else:
+                position = line.find(inside, position)
+                if position < 0:
+                    break
+                inside = None
+            position += 3
+    return mask
+
+
+class _Locator:
+    """Best-effort map from tables and keys to 1-based lines; TOML parsing stays tomllib's.
+
+    It reads headers (``[a.b]``, ``[[a]]``) and ``key =`` / ``key.sub =`` lines, skipping lines
+    inside multi-line strings. It never raises, and answers None when it cannot tell.
+    """
+
+    def __init__(self, text: str) -> None:
+        self._lines = text.splitlines()
+        self._code = _code_mask(self._lines)
+        self._headers: list[_Header] = []
+        for number, line in enumerate(self._lines, start=1):
+            match = _HEADER_RE.fullmatch(line) if self._code[number - 1] else None
+            if match and len(match.group(1)) == len(match.group(3)):
+                self._headers.append(_Header(number, _key_parts(match.group(2))))
+
+    def root(self) -> _Span:
+        return _Span((), None, len(self._lines) + 1)
+
+    def table(self, parts: tuple[str, ...], occurrence: int = 1) -> _Span | None:
+        """The ``occurrence``-th (1-based) table written with header ``parts``."""
+        found = [h for h in self._headers if h.parts == parts]
+        if len(found) < occurrence:
+            return None
+        header = found[occurrence - 1]
+        end = next(
+            (h.line for h in self._headers if h.line > header.line and not _below(parts, h.parts)),
+            len(self._lines) + 1,
+        )
+        return _Span(parts, header.line, end)
+
+    def key_line(self, span: _Span, key: str) -> int | None:
+        """Where ``key`` is set directly in the span, or its sub-table header."""
+        start = (span.header or 0) + 1
+        subs = [
+            h for h in self._headers if start <= h.line < span.end and _below(span.parts, h.parts)
+        ]
+        direct_end = subs[0].line if subs else span.end
+        pattern = re.compile(rf"\s*{_key_alternatives(key)}\s*[=.]")
+        for number in range(start, direct_end):
+            if self._code[number - 1] and pattern.match(self._lines[number - 1]):
+                return number
+        return next((h.line for h in subs if h.parts[len(span.parts)] == key), None)
+
+    def token_line(self, start: int, end: int, key: str, occurrence: int = 1) -> int | None:
+        """The line of the ``occurrence``-th ``key =`` from line ``start`` up to ``end``: how
+        keys inside inline tables (``{rtol = 1e-5}``) and sub-tables are found."""
+        pattern = re.compile(rf"(?:^|[\s{{,.])(?:{_key_alternatives(key)})\s*=")
+        seen = 0
+        for number in range(start, min(end, len(self._lines) + 1)):
+            if not self._code[number - 1]:
+                continue
+            seen += len(pattern.findall(self._lines[number - 1]))
+            if seen >= occurrence:
+                return number
+        return None
+
+
+def _below(parts: tuple[str, ...], other: tuple[str, ...]) -> bool:
+    return len(other) > len(parts) and other[: len(parts)] == parts
+
+
+def _key_alternatives(key: str) -> str:
+    bare = re.escape(key)
+    return rf"(?:{bare}|\"{bare}\"|'{bare}')"
+
+
+class _Table:
+    """Problems of one table, each given the best line the locator finds."""
+
+    def __init__(
+        self, *, label: str, locator: _Locator, span: _Span | None, header: int | None,
+        problems: list[ManifestProblem],
+    ) -> None:
+        self.label = label
+        self._locator = locator
+        self._span = span
+        self._header = header
+        self.problems = problems
+
+    def line_of(self, key: str | None) -> int | None:
+        """The line setting ``key`` in this table; the table's header line when not found."""
+        if key is None or self._span is None:
+            return self._header
+        found = self._locator.key_line(self._span, key)
+        return self._header if found is None else found
+
+    def line_within(self, key: str, inner: str, occurrence: int = 1) -> int | None:
+        """The line of the ``occurrence``-th ``inner =`` at or after ``key``'s line."""
+        start = self.line_of(key)
+        if start is None or self._span is None:
+            return start
+        found = self._locator.token_line(start, self._span.end, inner, occurrence)
+        return start if found is None else found
+
+    def report(self, field: str | None, message: str, *, line: int | None = None) -> None:
+        where = line if line is not None else self.line_of(field)
+        self.problems.append(ManifestProblem(self.label, field, where, message))
+
+    def count(self) -> int:
+        return len(self.problems)
+
+
+# --- Parsing -------------------------------------------------------------------------------
+
+
+def parse_manifest(text: str) -> Manifest:
+    """Parse and validate an ``infraops.toml``; raise ManifestError listing every problem.
+
+    A TOML syntax error is one problem carrying tomllib's line and message. Validation goes
+    on past the first problem so that one refresh shows the author everything to fix.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError([_syntax_problem(exc, text)]) from None
+    except (ValueError, RecursionError) as exc:
+        # tomllib lets int()'s digit limit and deep nesting through as themselves.
+        problem = ManifestProblem("(top level)", None, None, f"cannot read this TOML: {exc}")
+        raise ManifestError([problem]) from None
+    locator = _Locator(text)
+    problems: list[ManifestProblem] = []
+    root = _Table(
+        label="(top level)", locator=locator, span=locator.root(), header=None,
+        problems=problems,
+    )
+    for key in data:
+        if key not in TOP_LEVEL_KEYS:
+            root.report(key, _unknown_key("top-level key", key, TOP_LEVEL_KEYS))
+    probes = _parse_probes(data.get("probe"), root, locator)
+    knobs = _parse_knobs(data.get("knob"), root, locator)
+    risk = _parse_risk(data.get("risk"), root, locator)
+    if problems:
+        ordered = sorted(problems, key=lambda p: (p.line is None, p.line or 0))
+        raise ManifestError(ordered)
+    return Manifest(probes=probes, knobs=knobs, risk=risk)
+
+
+def _syntax_problem(exc: tomllib.TOMLDecodeError, text: str) -> ManifestProblem:
+    message = str(exc)
+    line: int | None = None
+    located = re.fullmatch(r"(.*) \(at line (\d+), column (\d+)\)", message, re.DOTALL)
+    if located:
+        message = f"{located.group(1)} (column {located.group(3)})"
+        line = int(located.group(2))
+    elif message.endswith(" (at end of document)"):
+        message = message.removesuffix(" (at end of document)") + " (at the end of the file)"
+        line = max(1, len(text.splitlines()))
+    return ManifestProblem("(top level)", None, line, f"TOML syntax error: {message}")
+
+
+def _table_for(
+    root: _Table, locator: _Locator, parts: tuple[str, ...], label: str, occurrence: int = 1,
+) -> _Table:
+    span = locator.table(parts, occurrence)
+    header = span.header if span is not None else None
+    if span is None:
+        # Written inline (probe = [{...}] or [risk] with name = {...}): point at the key.
+        parent = locator.table(parts[:-1]) if len(parts) > 1 else None
+        if parent is not None:
+            header = locator.key_line(parent, parts[-1])
+        if header is None:
+            header = root.line_of(parts[0])
+    return _Table(
+        label=label, locator=locator, span=span, header=header, problems=root.problems,
+    )
+
+
+def _array_of_tables(
+    raw: object, key: str, root: _Table, example: str,
+) -> list[tuple[int, dict[str, Any]]]:
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(item, dict) for item in raw):
+        root.report(key, f"{key} must be an array of tables: write each one as [[{key}]]{example}")
+        return []
+    return list(enumerate(raw, start=1))
+
+
+def _parse_probes(raw: object, root: _Table, locator: _Locator) -> tuple[Probe, ...]:
+    if raw is None or raw == []:
+        root.report("probe", "there is no [[probe]] table; the agent needs at least one probe")
+        return ()
+    probes: list[Probe] = []
+    first_seen: dict[str, tuple[str, int | None]] = {}
+    for index, table in _array_of_tables(raw, "probe", root, ""):
+        name = table.get("name")
+        label = f"probe[{index}] {name!r}" if isinstance(name, str) and name else f"probe[{index}]"
+        report = _table_for(root, locator, ("probe",), label, index)
+        probe = _parse_probe(table, report)
+        if isinstance(name, str) and name:
+            if name in first_seen:
+                other, other_line = first_seen[name]
+                where = f" on line {other_line}" if other_line is not None else ""
+                report.report("name", f"duplicate probe name {name!r}: {other}{where} has it too")
+                continue
+            first_seen[name] = (label, report.line_of("name"))
+        if probe is not None:
+            probes.append(probe)
+    return tuple(probes)
+
+
+def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
+    before = report.count()
+    _check_keys(raw, PROBE_KEYS, report, "probe key")
+    name = _name(raw, "name", report)
+    layer = _choice(raw, "layer", LAYERS, report, default=None)
+    command = _text(raw, "command", report, required=True)
+    metrics = _strings(raw, "metrics", report, required=True, what="metric name")
+    cost = _whole(raw, "cost", report, default=DEFAULT_COST, positive=False)
+    timeout = _seconds(raw, "timeout", report)
+    covers = _globs(raw, "covers", report, default=DEFAULT_COVERS)
+    variants = _variants(raw, report)
+    compare = _compares(raw, variants, report)
+    noisy = layer in NOISY_LAYERS
+    repeat = _whole(
+        raw, "repeat", report, default=DEFAULT_REPEAT_NOISY if noisy else DEFAULT_REPEAT,
+        positive=True,
+    )
+    requires = _strings(
+        raw, "requires", report, what="requirement", shape=(_REQUIREMENT_RE, _REQUIREMENT_RULE),
+    )
+    measure = _choice(raw, "measure", MEASURES, report, default="wall")
+    always = _flag(raw, "always", report)
+    files = _globs(raw, "files", report, default=())
+    if raw.get("covers") == [] and not always:
+        report.report(
+            "covers",
+            "covers is empty, so the probe would never be chosen: list globs, leave covers out "
+            "(it defaults to [\"**\"]) or set always = true",
+        )
+    if (
+        report.count() > before or name is None or layer is None or command is None
+        or variants is None or compare is None
+    ):
+        return None
+    return Probe(
+        name=name, layer=layer, command=command, metrics=metrics, repeat=repeat, cost=cost,
+        timeout=timeout, covers=covers, variants=variants, compare=compare, requires=requires,
+        measure=measure or "wall", always=always, files=files,
+    )
+
+
+def _variants(raw: Mapping[str, Any], report: _Table) -> dict[str, tuple[str, ...]] | None:
+    """The variant matrix with values as strings; None when it has problems."""
+    table = raw.get("variants", {})
+    if not isinstance(table, dict):
+        report.report(
+            "variants",
+            f"variants must be a table of arrays, e.g. variants = {{cp = [\"off\", \"on\"]}}; "
+            f"got {_show(table)}",
+        )
+        return None
+    before = report.count()
+    variants: dict[str, tuple[str, ...]] = {}
+    env_names: dict[str, str] = {}
+    for key, values in table.items():
+        field = f"variants.{key}"
+        line = report.line_within("variants", key)
+        if not _VARIANT_KEY_RE.fullmatch(key) or key.upper().startswith(_RESERVED_ENV_PREFIX):
+            report.report(
+                field,
+                f"variant key {key!r} must be usable as an environment variable name (letters, "
+                f"digits and '_', not starting with a digit or {_RESERVED_ENV_PREFIX})",
+                line=line,
+            )
+        elif key.upper() in env_names:
+            report.report(
+                field,
+                f"variant keys {env_names[key.upper()]!r} and {key!r} give the same environment "
+                f"variable {key.upper()}",
+                line=line,
+            )
+        env_names.setdefault(key.upper(), key)
+        strings = _scalar_list(values, field, report, line=line, what="variant value")
+        if strings is not None:
+            variants[key] = strings
+    return variants if report.count() == before else None
+
+
+def _compares(
+    raw: Mapping[str, Any], variants: dict[str, tuple[str, ...]] | None, report: _Table,
+) -> tuple[Compare, ...] | None:
+    entries = raw.get("compare", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        report.report(
+            "compare",
+            "compare must be an array of tables, e.g. compare = [{reference = {cp = \"off\"}, "
+            f"candidate = {{cp = \"on\"}}, rtol = 1e-5, atol = 1e-6}}]; got {_show(entries)}",
+        )
+        return None
+    before = report.count()
+    result: list[Compare] = []
+    # Entries appear in file order, so the k-th entry's key is that key's n-th occurrence.
+    seen: dict[str, int] = dict.fromkeys(COMPARE_KEYS, 0)
+    for index, entry in enumerate(entries, start=1):
+        field = f"compare[{index}]"
+        lines: dict[str, int | None] = {}
+        for key in entry:
+            seen[key] = seen.get(key, 0) + 1
+            lines[key] = report.line_within("compare", key, seen[key])
+        entry_line = next(iter(lines.values()), report.line_of("compare"))
+        for key in entry:
+            if key not in COMPARE_KEYS:
+                report.report(
+                    f"{field}.{key}", _unknown_key("compare key", key, COMPARE_KEYS),
+                    line=lines[key],
+                )
+        sides = {
+            side: _compare_side(entry, side, field, variants, report, lines.get(side) or entry_line)
+            for side in ("reference", "candidate")
+        }
+        tolerances = {
+            key: _tolerance(entry, key, field, report, lines.get(key) or entry_line)
+            for key in ("rtol", "atol")
+        }
+        reference, candidate = sides["reference"], sides["candidate"]
+        if reference is not None and candidate is not None:
+            if set(reference) != set(candidate):
+                report.report(
+                    field, "reference and candidate must name the same variant keys",
+                    line=entry_line,
+                )
+            elif reference == candidate:
+                report.report(
+                    field, "reference and candidate name the same variant; nothing to compare",
+                    line=entry_line,
+                )
+            else:
+                result.append(
+                    Compare(reference, candidate, tolerances["rtol"], tolerances["atol"])
+                )
+    return tuple(result) if report.count() == before else None
+
+
+def _compare_side(
+    entry: Mapping[str, Any], side: str, field: str,
+    variants: dict[str, tuple[str, ...]] | None, report: _Table, line: int | None,
+) -> dict[str, str] | None:
+    where = f"{field}.{side}"
+    chosen = entry.get(side)
+    if chosen is None:
+        report.report(where, f"{side} is required, e.g. {side} = {{cp = \"off\"}}", line=line)
+        return None
+    if not isinstance(chosen, dict) or not chosen:
+        report.report(
+            where, f"{side} must be a non-empty table of variant values, got {_show(chosen)}",
+            line=line,
+        )
+        return None
+    result: dict[str, str] = {}
+    for key, value in chosen.items():
+        text = _scalar_str(value)
+        if text is None:
+            report.report(
+                where, f"the value of {key!r} must be a string, number or boolean", line=line
+            )
+            continue
+        result[key] = text
+        if variants is None:
+            continue  # the variants' own problems are reported; checking against them is noise
+        if key not in variants:
+            known = ", ".join(variants) or "none: the probe has no variants"
+            report.report(
+                where,
+                f"names unknown variant key {key!r}{_did_you_mean(key, list(variants))}; "
+                f"variant keys: {known}",
+                line=line,
+            )
+        elif text not in variants[key]:
+            report.report(
+                where,
+                f"names unknown variant value {text!r} for {key!r}; its values: "
+                f"{', '.join(variants[key])}",
+                line=line,
+            )
+    return result if len(result) == len(chosen) else None
+
+
+def _tolerance(
+    entry: Mapping[str, Any], key: str, field: str, report: _Table, line: int | None,
+) -> float:
+    default = DEFAULT_RTOL if key == "rtol" else DEFAULT_ATOL
+    value = entry.get(key, default)
+    if not _is_number(value) or not math.isfinite(value) or value < 0:
+        report.report(
+            f"{field}.{key}", f"{key} must be a number >= 0, got {_show(value)}", line=line
+        )
+        return default
+    return float(value)
+
+
+def _parse_knobs(raw: object, root: _Table, locator: _Locator) -> tuple[Knob, ...]:
+    knobs: list[Knob] = []
+    first_seen: dict[str, str] = {}
+    example = ", e.g. [[knob]] with name, file, pattern and values or range"
+    for index, table in _array_of_tables(raw, "knob", root, example):
+        name = table.get("name")
+        label = f"knob[{index}] {name!r}" if isinstance(name, str) and name else f"knob[{index}]"
+        report = _table_for(root, locator, ("knob",), label, index)
+        knob = _parse_knob(table, report)
+        if isinstance(name, str) and name:
+            if name in first_seen:
+                other = first_seen[name]
+                report.report("name", f"duplicate knob name {name!r}: {other} has it too")
+                continue
+            first_seen[name] = label
+        if knob is not None:
+            knobs.append(knob)
+    return tuple(knobs)
+
+
+def _parse_knob(raw: Mapping[str, Any], report: _Table) -> Knob | None:
+    before = report.count()
+    _check_keys(raw, KNOB_KEYS, report, "knob key")
+    name = _name(raw, "name", report)
+    file = _text(raw, "file", report, required=True)
+    if file is not None:
+        problem = _relative_path_problem(file, glob=False)
+        if problem is not None:
+            report.report("file", f"file {file!r} {problem}")
+    pattern = _pattern(raw, report)
+    values: tuple[str, ...] | None = None
+    bounds: tuple[float, float, float | None] | None = None
+    if ("values" in raw) == ("range" in raw):
+        which = "both" if "values" in raw else "neither"
+        report.report(
+            None, f"a knob needs exactly one of values and range; this one has {which}"
+        )
+    elif "values" in raw:
+        values = _scalar_list(raw["values"], "values", report, line=None, what="value")
+    else:
+        bounds = _range(raw["range"], report)
+    description = _text(raw, "description", report, required=False) or ""
+    if report.count() > before or name is None or file is None or pattern is None:
+        return None
+    return Knob(name, file, pattern, values=values, range=bounds, description=description)
+
+
+def _pattern(raw: Mapping[str, Any], report: _Table) -> str | None:
+    pattern = _text(raw, "pattern", report, required=True)
+    if pattern is None:
+        return None
+    try:
+        groups = re.compile(pattern, re.MULTILINE).groups
+    except re.error as exc:
+        report.report("pattern", f"pattern does not compile as a regular expression: {exc}")
+        return None
+    if groups != 1:
+        report.report(
+            "pattern",
+            f"pattern must have exactly one capturing group (the value), it has {groups}; "
+            "write other groups as (?:...)",
+        )
+        return None
+    return pattern
+
+
+def _range(raw: object, report: _Table) -> tuple[float, float, float | None] | None:
+    shape = "range must be [low, high] or [low, high, step] with numbers"
+    if not isinstance(raw, list) or len(raw) not in (2, 3):
+        report.report("range", f"{shape}, got {_show(raw)}")
+        return None
+    if not all(_is_number(bound) and math.isfinite(bound) for bound in raw):
+        report.report("range", f"{shape}, got {raw!r}")
+        return None
+    low, high = raw[0], raw[1]
+    step = raw[2] if len(raw) == 3 else None
+    if not low < high:
+        report.report("range", f"range low ({low}) must be below high ({high})")
+        return None
+    if step is not None and step <= 0:
+        report.report("range", f"range step must be > 0, got {step}")
+        return None
+    return (low, high, step)
+
+
+def _parse_risk(raw: object, root: _Table, locator: _Locator) -> tuple[RiskRule, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or not all(isinstance(rule, dict) for rule in raw.values()):
+        root.report(
+            "risk",
+            "risk must be a table of rules: write each rule as [risk.<name>] with category, "
+            "reason and paths and/or patterns",
+        )
+        return ()
+    rules: list[RiskRule] = []
+    for name, table in raw.items():
+        report = _table_for(root, locator, ("risk", name), f"risk.{name}")
+        rule = _parse_risk_rule(name, table, report)
+        if rule is not None:
+            rules.append(rule)
+    return tuple(rules)
+
+
+def _parse_risk_rule(name: str, raw: Mapping[str, Any], report: _Table) -> RiskRule | None:
+    before = report.count()
+    if not _NAME_RE.fullmatch(name):
+        report.report(None, f"rule name {name!r} must be {_NAME_RULE}")
+    _check_keys(raw, RISK_KEYS, report, "risk rule key")
+    category = _choice(raw, "category", RISK_CATEGORIES, report, default=None)
+    reason = _text(raw, "reason", report, required=True)
+    paths = _globs(raw, "paths", report, default=())
+    patterns = _strings(raw, "patterns", report, what="pattern")
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            report.report("patterns", f"pattern {pattern!r} does not compile: {exc}")
+    if "paths" not in raw and "patterns" not in raw:
+        report.report(None, "a risk rule needs paths, patterns or both; this one has neither")
+    if report.count() > before or category is None or reason is None:
+        return None
+    return RiskRule(name, category, reason, paths=paths, patterns=patterns)
+
+
+# --- Field readers: each reports its own problems and returns a usable value or None -------
+
+
+def _check_keys(raw: Mapping[str, Any], known: Sequence[str], report: _Table, what: str) -> None:
+    for key in raw:
+        if key not in known:
+            report.report(key, _unknown_key(what, key, known))
+
+
+def _unknown_key(what: str, key: str, known: Sequence[str]) -> str:
+    hint = _did_you_mean(key, known)
+    return f"unknown {what} {key!r}{hint or '; known: ' + ', '.join(known)}"
+
+
+def _did_you_mean(word: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _text(raw: Mapping[str, Any], key: str, report: _Table, *, required: bool) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        if required:
+            report.report(key, f"{key} is required")
+        return None
+    if not isinstance(value, str) or (required and not value.strip()):
+        report.report(key, f"{key} must be a non-empty string, got {_show(value)}")
+        return None
+    return value
+
+
+def _name(raw: Mapping[str, Any], key: str, report: _Table) -> str | None:
+    name = _text(raw, key, report, required=True)
+    if name is not None and not _NAME_RE.fullmatch(name):
+        report.report(key, f"{key} {name!r} must be {_NAME_RULE}")
+        return None
+    return name
+
+
+def _choice(
+    raw: Mapping[str, Any], key: str, allowed: Sequence[str], report: _Table,
+    *, default: str | None,
+) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        if default is None:
+            report.report(key, f"{key} is required: one of {', '.join(allowed)}")
+        return default
+    if not isinstance(value, str) or value not in allowed:
+        hint = _did_you_mean(value, allowed) if isinstance(value, str) else ""
+        report.report(key, f"{key} must be one of {', '.join(allowed)}; got {_show(value)}{hint}")
+        return default
+    return value
+
+
+def _whole(
+    raw: Mapping[str, Any], key: str, report: _Table, *, default: int, positive: bool,
+) -> int:
+    value: object = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        kind = "a positive whole number" if positive else "a whole number"
+        report.report(key, f"{key} must be {kind}, got {_show(value)}")
+        return default
+    if positive and value <= 0:
+        report.report(key, f"{key} must be a positive whole number, got {value}")
+        return default
+    return value
+
+
+def _seconds(raw: Mapping[str, Any], key: str, report: _Table) -> float:
+    value = raw.get(key, DEFAULT_TIMEOUT)
+    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+        report.report(key, f"{key} must be a positive number of seconds, got {_show(value)}")
+        return DEFAULT_TIMEOUT
+    return float(value)
+
+
+def _flag(raw: Mapping[str, Any], key: str, report: _Table) -> bool:
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        report.report(key, f"{key} must be true or false, got {_show(value)}")
+        return False
+    return value
+
+
+def _strings(
+    raw: Mapping[str, Any], key: str, report: _Table, *, what: str, required: bool = False,
+    shape: tuple[re.Pattern[str], str] | None = None,
+) -> tuple[str, ...]:
+    """A list of distinct non-empty strings; () with a problem reported when it is not."""
+    value = raw.get(key)
+    if value is None:
+        if required:
+            report.report(key, f"{key} is required: a non-empty array of {what}s")
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        report.report(key, f"{key} must be an array of strings, got {_show(value)}")
+        return ()
+    if required and not value:
+        report.report(key, f"{key} must list at least one {what}")
+    for item in value:
+        if not item.strip():
+            report.report(key, f"{key} has an empty {what}")
+        elif shape is not None and not shape[0].fullmatch(item):
+            report.report(key, f"{what} {item!r} must be {shape[1]}")
+    duplicates = sorted({item for item in value if value.count(item) > 1})
+    if duplicates:
+        report.report(key, f"{key} repeats {', '.join(map(repr, duplicates))}")
+    return tuple(value)
+
+
+def _globs(
+    raw: Mapping[str, Any], key: str, report: _Table, *, default: tuple[str, ...],
+) -> tuple[str, ...]:
+    if key not in raw:
+        return default
+    globs = _strings(raw, key, report, what="glob")
+    for glob in globs:
+        problem = _relative_path_problem(glob, glob=True)
+        if problem is not None and glob.strip():
+            report.report(key, f"glob {glob!r} {problem}")
+    return globs
+
+
+def _scalar_list(
+    value: object, field: str, report: _Table, *, line: int | None, what: str,
+) -> tuple[str, ...] | None:
+    """A non-empty array of strings, numbers or booleans, as distinct strings."""
+    if not isinstance(value, list) or not value:
+        report.report(field, f"{field} must be a non-empty array, got {_show(value)}", line=line)
+        return None
+    strings = [_scalar_str(item) for item in value]
+    if any(text is None for text in strings):
+        report.report(
+            field, f"each {what} in {field} must be a string, number or boolean", line=line
+        )
+        return None
+    texts = [text for text in strings if text is not None]
+    duplicates = sorted({text for text in texts if texts.count(text) > 1})
+    if duplicates:
+        report.report(field, f"{field} repeats {', '.join(map(repr, duplicates))}", line=line)
+        return None
+    return tuple(texts)
+
+
+def _scalar_str(value: object) -> str | None:
+    """A TOML scalar as the string a probe sees; None for tables, arrays and dates."""
+    if isinstance(value, bool):
+        return "true" if value else "false"  # TOML's spelling, not Python's
+    if isinstance(value, int | float | str):
+        return str(value) if not isinstance(value, float) else repr(value)
+    return None
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _show(value: object) -> str:
+    """A value as the author wrote it, for messages."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return repr(value) if isinstance(value, str | int | float) else str(value)

@@ -1,0 +1,411 @@
+"""Core domain: targets, goals (versioned), boundaries, criteria, experiments, samples, audit."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from infraops.manifest import Manifest, ManifestError, parse_manifest
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+class Target(models.Model):
+    """A git repository under optimisation. InfraOps works in its own bare clone of it."""
+
+    name = models.SlugField(max_length=80, unique=True)
+    repo_url = models.CharField(
+        "repository", max_length=500, help_text="A git URL or a path on the workers' machines."
+    )
+    base_branch = models.CharField(max_length=200, default="main")
+    push_on_merge = models.BooleanField(
+        default=False, help_text="After a merge in InfraOps' clone, push the branch to the origin."
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The manifest as read at manifest_commit on the last refresh.
+    manifest_commit = models.CharField(max_length=40, blank=True)
+    manifest_text = models.TextField(blank=True)
+    manifest_sha256 = models.CharField(max_length=64, blank=True)
+    manifest_errors = models.JSONField(default=list, blank=True)
+    refreshed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def clone_path(self) -> Path:
+        return Path(settings.DATA_DIR) / "repos" / f"target-{self.pk}.git"
+
+    def manifest(self) -> Manifest | None:
+        """The parsed manifest, or None when it is missing or invalid (see manifest_errors)."""
+        if not self.manifest_text or self.manifest_errors:
+            return None
+        try:
+            return parse_manifest(self.manifest_text)
+        except ManifestError:
+            return None
+
+
+class Goal(models.Model):
+    """What to improve. The editable head; every saved edit becomes a GoalVersion."""
+
+    class Direction(models.TextChoices):
+        MINIMIZE = "minimize", "lower is better"
+        MAXIMIZE = "maximize", "higher is better"
+
+    class Policy(models.TextChoices):
+        TUNER = "tuner", "built-in tuner (no LLM)"
+        LLM = "llm", "LLM agent"
+
+    target = models.ForeignKey(Target, on_delete=models.CASCADE, related_name="goals")
+    name = models.CharField(max_length=200)
+    probe = models.CharField(max_length=100, help_text="The manifest probe that reports the metric.")
+    metric = models.CharField(max_length=100)
+    direction = models.CharField(max_length=10, choices=Direction.choices, default="minimize")
+    relative_target = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Wanted improvement over the baseline as a fraction (0.10 = 10% better).",
+    )
+    absolute_target = models.FloatField(
+        null=True, blank=True, help_text="Wanted value of the metric, in its own unit."
+    )
+    policy = models.CharField(max_length=10, choices=Policy.choices, default="tuner")
+    model_name = models.CharField(
+        max_length=200, blank=True, help_text="LLM model for this goal; blank uses INFRAOPS_MODEL."
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    current_version = models.PositiveIntegerField(default=0, editable=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["target__name", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["target", "name"], name="goal_unique_name_per_target")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.target.name}: {self.name}"
+
+    def better(self, candidate: float, baseline: float) -> bool:
+        if self.direction == self.Direction.MINIMIZE:
+            return candidate < baseline
+        return candidate > baseline
+
+
+class Boundary(models.Model):
+    """What the agent may touch and spend. Enforced by code (reviews.diff_policy), not prompt."""
+
+    goal = models.OneToOneField(Goal, on_delete=models.CASCADE, related_name="boundary")
+    editable_paths = models.TextField(
+        default="**", help_text="Path globs the agent may edit, one per line (** = any depth)."
+    )
+    protected_paths = models.TextField(
+        blank=True,
+        help_text="Globs never edited, one per line. infraops.toml and probe files always are.",
+    )
+    forbidden_patterns = models.TextField(
+        blank=True, help_text="Regular expressions no added line may match, one per line."
+    )
+    max_diff_lines = models.PositiveIntegerField(default=400)
+    max_steps = models.PositiveIntegerField(default=50)
+    max_wall_minutes = models.PositiveIntegerField(default=120)
+    max_tokens = models.PositiveIntegerField(default=2_000_000)
+    max_cost_usd = models.DecimalField(max_digits=10, decimal_places=2, default=20)
+    max_experiments = models.PositiveIntegerField(default=20)
+
+    def __str__(self) -> str:
+        return f"boundary of {self.goal}"
+
+    def clean(self) -> None:
+        errors: dict[str, list[str]] = {}
+        for field in ("editable_paths", "protected_paths"):
+            for glob in _lines(getattr(self, field)):
+                problem = glob_problem(glob)
+                if problem:
+                    errors.setdefault(field, []).append(f"{glob!r}: {problem}")
+        for pattern in _lines(self.forbidden_patterns):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                errors.setdefault("forbidden_patterns", []).append(
+                    f"{pattern!r} is not a valid regular expression: {exc}"
+                )
+        if errors:
+            raise ValidationError(errors)
+
+    def as_spec(self) -> dict[str, Any]:
+        return {
+            "editable_paths": _lines(self.editable_paths),
+            "protected_paths": _lines(self.protected_paths),
+            "forbidden_patterns": _lines(self.forbidden_patterns),
+            "max_diff_lines": self.max_diff_lines,
+            "max_steps": self.max_steps,
+            "max_wall_minutes": self.max_wall_minutes,
+            "max_tokens": self.max_tokens,
+            "max_cost_usd": str(self.max_cost_usd),
+            "max_experiments": self.max_experiments,
+        }
+
+
+def glob_problem(glob: str) -> str | None:
+    """Why a path glob is unusable, or None. Globs are repository-relative."""
+    if glob.startswith("/"):
+        return "must be relative to the repository root (no leading /)"
+    if ".." in Path(glob).parts:
+        return "must not contain '..'"
+    if glob.count("[") != glob.count("]"):
+        return "has an unbalanced [ ]"
+    try:
+        re.compile(fnmatch.translate(glob))
+    except re.error as exc:
+        return f"is not a valid glob ({exc})"
+    return None
+
+
+class AcceptanceCriterion(models.Model):
+    """A typed condition a change must meet. Quantity by kind:
+
+    threshold: candidate value;  relative: candidate / baseline - 1;
+    relation: value at `variant` / value at `reference_variant` - 1 (both on the candidate).
+    The quantity is compared with `value` by `comparison`. Unmeasured means failed.
+    """
+
+    class Kind(models.TextChoices):
+        THRESHOLD = "threshold", "threshold on the candidate"
+        RELATIVE = "relative", "relative to the baseline"
+        RELATION = "relation", "relation between two scenarios"
+
+    class Comparison(models.TextChoices):
+        AT_MOST = "<=", "at most"
+        AT_LEAST = ">=", "at least"
+
+    goal = models.ForeignKey(Goal, on_delete=models.CASCADE, related_name="criteria")
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    probe = models.CharField(max_length=100)
+    metric = models.CharField(max_length=100)
+    variant = models.CharField(
+        max_length=200, blank=True, help_text="Variant as key=value[,key=value]; blank: all."
+    )
+    reference_variant = models.CharField(
+        max_length=200, blank=True, help_text="For a relation: the scenario compared against."
+    )
+    comparison = models.CharField(max_length=2, choices=Comparison.choices, default="<=")
+    value = models.FloatField()
+
+    class Meta:
+        verbose_name_plural = "acceptance criteria"
+
+    def __str__(self) -> str:
+        return self.describe()
+
+    def describe(self) -> str:
+        where = f"{self.probe}.{self.metric}" + (f" [{self.variant}]" if self.variant else "")
+        if self.kind == self.Kind.THRESHOLD:
+            return f"{where} {self.comparison} {self.value:g}"
+        if self.kind == self.Kind.RELATIVE:
+            return f"{where} vs baseline {self.comparison} {self.value:+.1%}"
+        return f"{where} vs [{self.reference_variant}] {self.comparison} {self.value:+.1%}"
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        for field in ("variant", "reference_variant"):
+            try:
+                parse_variant(getattr(self, field))
+            except ValueError as exc:
+                errors[field] = str(exc)
+        if self.kind == self.Kind.RELATION and not self.reference_variant:
+            errors["reference_variant"] = "A relation compares two scenarios: name the reference."
+        if errors:
+            raise ValidationError(errors)
+
+    def as_spec(self) -> dict[str, Any]:
+        return {
+            "id": self.pk,
+            "kind": self.kind,
+            "probe": self.probe,
+            "metric": self.metric,
+            "variant": self.variant,
+            "reference_variant": self.reference_variant,
+            "comparison": self.comparison,
+            "value": self.value,
+            "description": self.describe(),
+        }
+
+
+def parse_variant(text: str) -> dict[str, str]:
+    """'cp=on,precision=tf32' -> {'cp': 'on', 'precision': 'tf32'}; '' -> {}."""
+    result: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ValueError(f"{part!r} is not key=value")
+        result[key.strip()] = value.strip()
+    return result
+
+
+def variant_key(variant: dict[str, str]) -> str:
+    """The canonical text of a variant: keys sorted, 'a=1,b=2'; '' for the default."""
+    return ",".join(f"{k}={variant[k]}" for k in sorted(variant))
+
+
+class GoalVersion(models.Model):
+    """An immutable snapshot of a goal with its boundary and criteria. Runs pin one."""
+
+    goal = models.ForeignKey(Goal, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    spec = models.JSONField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["goal", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["goal", "number"], name="goal_version_unique_number")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.goal} v{self.number}"
+
+
+class ExperimentQuerySet(models.QuerySet["Experiment"]):
+    def open(self) -> ExperimentQuerySet:
+        return self.filter(status__in=[Experiment.Status.QUEUED, Experiment.Status.RUNNING])
+
+
+class Experiment(models.Model):
+    """One execution of probes on a candidate and a baseline revision of a target."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    target = models.ForeignKey(Target, on_delete=models.CASCADE, related_name="experiments")
+    status = models.CharField(max_length=10, choices=Status.choices, default="queued")
+    candidate_commit = models.CharField(max_length=40)
+    baseline_commit = models.CharField(max_length=40)
+    probes = models.JSONField(default=list, help_text="Probe names to run; empty: all.")
+    queue = models.CharField(max_length=100, default="experiments")
+    origin = models.CharField(max_length=200, blank=True, help_text="Who asked, in words.")
+    manifest_sha256 = models.CharField(max_length=64, blank=True)
+    # Lease: a worker owns the experiment until lease_expires_at; the reaper re-queues after.
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    claimed_by = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    failure_reason = models.TextField(blank=True)
+    summary = models.JSONField(default=dict, blank=True)
+
+    objects = ExperimentQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["status", "lease_expires_at"])]
+
+    def __str__(self) -> str:
+        return f"experiment {self.pk} on {self.target_id}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED, self.Status.CANCELLED)
+
+
+class ProbeExecution(models.Model):
+    """One sandboxed run of one probe, on one side, one variant, one repeat, one attempt."""
+
+    class Side(models.TextChoices):
+        BASELINE = "baseline"
+        CANDIDATE = "candidate"
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="executions")
+    attempt = models.PositiveIntegerField()
+    probe = models.CharField(max_length=100)
+    side = models.CharField(max_length=10, choices=Side.choices)
+    variant = models.CharField(max_length=200, blank=True)
+    repeat_index = models.PositiveIntegerField()
+    exit_code = models.IntegerField(null=True)
+    reason = models.CharField(max_length=40)
+    detail = models.TextField(blank=True)
+    wall_seconds = models.FloatField()
+    stdout = models.TextField(blank=True)
+    stderr = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["experiment", "attempt", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["experiment", "attempt", "probe", "side", "variant", "repeat_index"],
+                name="probe_execution_unique_per_attempt",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.probe} {self.side} [{self.variant}] #{self.repeat_index}"
+
+
+class Sample(models.Model):
+    """One measured value from a probe's metrics.jsonl."""
+
+    execution = models.ForeignKey(ProbeExecution, on_delete=models.CASCADE, related_name="samples")
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="samples")
+    probe = models.CharField(max_length=100)
+    side = models.CharField(max_length=10, choices=ProbeExecution.Side.choices)
+    variant = models.CharField(max_length=200, blank=True)
+    metric = models.CharField(max_length=100)
+    value = models.FloatField()
+    unit = models.CharField(max_length=40, blank=True)
+    case = models.CharField(max_length=200, blank=True)
+    labels = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["experiment", "probe", "metric"])]
+
+    def __str__(self) -> str:
+        return f"{self.metric}={self.value}{self.unit}"
+
+
+class AuditEntry(models.Model):
+    """Append-only record of who did what. A database trigger refuses UPDATE and DELETE,
+    so users who acted are deactivated, never deleted (PROTECT)."""
+
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    actor_label = models.CharField(max_length=200)
+    action = models.CharField(max_length=100)
+    object_type = models.CharField(max_length=100)
+    object_id = models.CharField(max_length=100)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.actor_label} {self.action} {self.object_type}:{self.object_id}"

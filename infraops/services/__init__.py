@@ -1,0 +1,1 @@
+"""Workflows of the core domain, one module per subdomain."""

@@ -1,0 +1,92 @@
+"""Registering a target and refreshing its manifest from its base branch."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from infraops import gitops
+from infraops.errors import DomainError
+from infraops.manifest import ManifestError, parse_manifest
+from infraops.models import Target
+from infraops.services.audit import audit_record
+
+MANIFEST_PATH = "infraops.toml"
+
+
+def repo_check(*, url: str, branch: str) -> None:
+    """Raise DomainError with a sentence when `url` is unreachable or lacks `branch`."""
+    try:
+        heads = gitops.git(Path("/"), "ls-remote", "--heads", url, branch, timeout=60)
+    except gitops.GitError as exc:
+        raise DomainError(f"The repository {url!r} cannot be read: {exc}") from None
+    if not heads.strip():
+        raise DomainError(f"The repository {url!r} has no branch {branch!r}.")
+
+
+def target_register(
+    *, name: str, repo_url: str, base_branch: str, push_on_merge: bool = False,
+    user: AbstractBaseUser | None = None,
+) -> Target:
+    """Create the target, clone it (bare) into the data folder and read its manifest."""
+    repo_check(url=repo_url, branch=base_branch)
+    with transaction.atomic():
+        target = Target.objects.create(
+            name=name, repo_url=repo_url, base_branch=base_branch,
+            push_on_merge=push_on_merge, created_by=user,
+        )
+        target_clone(target=target)
+        target_refresh_manifest(target=target)
+        audit_record(actor=user, action="target.register", obj=target, data={"repo": repo_url})
+    return target
+
+
+def target_clone(*, target: Target) -> None:
+    """Make (or remake) InfraOps' bare clone of the target's repository."""
+    dest = target.clone_path
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        gitops.repo_clone_bare(target.repo_url, dest)
+    except gitops.GitError as exc:
+        raise DomainError(f"Cloning {target.repo_url!r} failed: {exc}") from None
+
+
+def target_refresh_manifest(*, target: Target) -> Target:
+    """Fetch, then read and validate infraops.toml at the tip of the base branch.
+
+    A broken manifest is stored with its problems (the target page lists them); the previous
+    text is replaced, since experiments record the hash of the manifest they ran with.
+    """
+    if not target.clone_path.exists():
+        target_clone(target=target)
+    try:
+        gitops.repo_fetch(target.clone_path)
+        commit = gitops.rev_parse(target.clone_path, f"refs/heads/{target.base_branch}")
+        raw = gitops.read_file(target.clone_path, commit, MANIFEST_PATH)
+    except gitops.GitError as exc:
+        raise DomainError(f"Reading {target.name}'s repository failed: {exc}") from None
+    text = raw.decode("utf-8", errors="replace") if raw is not None else ""
+    errors: list[str] = []
+    if raw is None:
+        errors = [f"{MANIFEST_PATH} is missing at the tip of {target.base_branch}."]
+    else:
+        try:
+            parse_manifest(text)
+        except ManifestError as exc:
+            errors = [str(problem) for problem in exc.problems]
+    target.manifest_commit = commit
+    target.manifest_text = text
+    target.manifest_sha256 = hashlib.sha256(raw or b"").hexdigest()
+    target.manifest_errors = errors
+    target.refreshed_at = timezone.now()
+    target.save(update_fields=[
+        "manifest_commit", "manifest_text", "manifest_sha256", "manifest_errors", "refreshed_at",
+    ])
+    return target

@@ -1,0 +1,24 @@
+"""URLs of the whole site; each app has its own namespace."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+
+from infraops import views
+
+core = ([
+    path("targets/<slug:name>/", views.target_detail, name="target"),
+    path("experiments/<int:pk>/", views.experiment_detail, name="experiment"),
+], "infraops")
+
+urlpatterns = [
+    path("", include(core)),
+    path("", include("agents.urls")),
+    path("reviews/", include("reviews.urls")),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    path("healthz", views.healthz, name="healthz"),
+]

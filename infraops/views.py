@@ -1,0 +1,36 @@
+"""Dashboard, target and experiment pages, and a health check."""
+
+from __future__ import annotations
+
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, render
+
+from infraops.access import require_any_role
+from infraops.models import Experiment, Target
+
+
+def target_detail(request: HttpRequest, name: str) -> HttpResponse:
+    require_any_role(request)
+    target = get_object_or_404(Target, name=name)
+    manifest = target.manifest()
+    return render(request, "infraops/target.html", {
+        "target": target, "manifest": manifest,
+        "goals": target.goals.select_related("boundary").prefetch_related("criteria"),
+        "experiments": target.experiments.all()[:20],
+    })
+
+
+def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    require_any_role(request)
+    experiment = get_object_or_404(Experiment.objects.select_related("target"), pk=pk)
+    return render(request, "infraops/experiment.html", {
+        "experiment": experiment,
+        "executions": experiment.executions.order_by("attempt", "id"),
+    })
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return JsonResponse({"ok": True})

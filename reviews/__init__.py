@@ -1,0 +1,1 @@
+"""Changes, their risk, the review queue and the merge."""
