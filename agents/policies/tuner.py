@@ -7,6 +7,7 @@ the tuner keeps no process state and a step can run on any worker.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,8 @@ import optuna
 from infraops.manifest import Knob, knob_values
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+# BruteForceSampler is marked experimental since optuna 3.1; its ask/tell use is stable.
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set-up shared by the README's two commands: Debian packages, the sandbox user, the venv.
+# Idempotent: a second run installs nothing new.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+command -v chromium >/dev/null || need_apt+=(chromium)
+command -v git >/dev/null || need_apt+=(git)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "Installing Debian packages: ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# Probes run as this dedicated non-root user inside bubblewrap (ARCHITECTURE.md).
+id -u infraops-sandbox >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin infraops-sandbox
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+stamp=.venv/.requirements-$(cat requirements.txt requirements-dev.txt | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -r requirements-dev.txt
+  rm -f .venv/.requirements-* && touch "$stamp"
+fi

@@ -1,0 +1,99 @@
+"""The whole system as real processes: uvicorn (HTTP + websockets) and a Celery worker on
+the test database and Redis, and Debian's Chromium driven by Playwright."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail("Debian's chromium is missing: scripts/setup.sh installs it.")
+    return {
+        **browser_type_launch_args,
+        "executable_path": CHROMIUM,
+        # Without these, Chromium keeps dialing out, and this machine has no network.
+        "args": ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"],
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def system_env(data_dir: Path) -> dict[str, str]:
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    return os.environ | {
+        "DATABASE_URL": url,
+        "INFRAOPS_DATA": str(data_dir),
+        "DJANGO_SETTINGS_MODULE": "infraops.settings",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+@pytest.fixture
+def live_system(transactional_db: None, data_dir: Path, tmp_path: Path) -> Iterator[str]:
+    """Start web and worker against this test's database; yield the base URL."""
+    port = free_port()
+    env = system_env(data_dir)
+    logs = {name: (tmp_path / f"{name}.log").open("wb") for name in ("web", "worker")}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "infraops", "worker", "-Q",
+             "agent,experiments", "-c", "2", "--loglevel", "INFO", "-n", f"e2e-{port}@%h"],
+            env=env, cwd=settings.BASE_DIR, stdout=logs["worker"], stderr=subprocess.STDOUT),
+        subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "infraops.asgi:application", "--host",
+             "127.0.0.1", "--port", str(port)],
+            env=env, cwd=settings.BASE_DIR, stdout=logs["web"], stderr=subprocess.STDOUT),
+    ]
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for(f"{base}/healthz", processes)
+        yield base
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        for name, handle in logs.items():
+            handle.close()
+            sys.stdout.write(f"--- {name} log (tail) ---\n")
+            sys.stdout.write((tmp_path / f"{name}.log").read_text(errors="replace")[-4000:])
+
+
+def _wait_for(url: str, processes: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in processes):
+            raise RuntimeError("a system process exited during start-up (see its log)")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (loopback)
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"{url} did not answer within 60 s")

@@ -1,0 +1,93 @@
+"""The thin loop as users walk it, in a real browser, through real processes:
+an engineer starts a tuner run and watches it live; a reviewer approves the change; the
+change lands on the example's branch."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from playwright.sync_api import Page, expect
+
+from agents.models import AgentRun
+from infraops import gitops
+from infraops.models import Experiment, Goal, ProbeExecution
+from reviews.models import Change
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+
+def sign_in(page: Page, base: str, username: str) -> None:
+    page.goto(f"{base}/accounts/login/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill("correct horse battery")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("link", name="Review queue")).to_be_visible()
+
+
+def sign_out(page: Page) -> None:
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+
+
+def test_an_engineer_runs_the_tuner_live_and_a_reviewer_approves_the_merge(
+    live_system: str, page: Page, example_goal: Goal, engineer: User, reviewer: User
+) -> None:
+    base = live_system
+    target = example_goal.target
+    sign_in(page, base, engineer.username)
+    page.get_by_role("link", name=target.name).click()
+    page.get_by_role("button", name="Start a run").click()
+    expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
+    # A marker that survives only while the page is not reloaded: the steps must arrive live.
+    page.evaluate("window.__notReloaded = true")
+
+    events = page.locator("#run-events")
+    expect(events).to_contain_text("Experiment 1 queued", timeout=60_000)
+    expect(events).to_contain_text("Submitted the best configuration", timeout=180_000)
+    expect(page.locator("#run-status")).to_have_text("succeeded")
+    assert page.evaluate("window.__notReloaded") is True
+
+    run = AgentRun.objects.get()
+    assert run.status == AgentRun.Status.SUCCEEDED
+    assert run.goal_version.number == example_goal.current_version
+    seqs = list(run.events.values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+    shown = page.locator("#run-events li").count()
+    assert shown == len(seqs), "every event row reached the page exactly once"
+    # Every experiment ran sandboxed, interleaved, candidate and baseline.
+    assert Experiment.objects.filter(status="succeeded").count() == run.experiment_count >= 1
+    sides = list(ProbeExecution.objects.filter(experiment__runs=run).order_by("id")
+                 .values_list("side", flat=True)[:4])
+    assert sides == ["baseline", "candidate", "baseline", "candidate"]
+
+    change = Change.objects.get()
+    assert change.status == Change.Status.PENDING_REVIEW
+    assert "production" in change.risk_categories
+    page.get_by_role("link", name=f"open change {change.pk}").first.click()
+    expect(page.locator("table.diff")).to_contain_text("batch_size")
+    expect(page.locator(".risk-note").first).to_contain_text("production")
+    # The engineer who started the run has no way to approve it.
+    expect(page.get_by_role("button", name="Approve and merge")).to_have_count(0)
+    sign_out(page)
+
+    sign_in(page, base, reviewer.username)
+    page.goto(f"{base}/reviews/")
+    page.get_by_role("link", name=change.title).click()
+    page.get_by_label("Comment (goes back to the agent)").fill("Matches the batch sweep.")
+    page.get_by_role("button", name="Approve and merge").click()
+    expect(page.locator("#change-status")).to_have_text(re.compile("merged", re.I))
+
+    change.refresh_from_db()
+    origin = target.repo_url
+    tip = gitops.rev_parse(target.clone_path, "refs/heads/main")
+    assert change.merged_commit == tip
+    # push_on_merge: the example's own branch moved too, to the approved configuration.
+    merged = gitops.read_file(Path(origin), "refs/heads/main", "config/serving.toml")
+    assert merged is not None
+    best = change.evidence["trials"]
+    chosen = min((t for t in best if t.get("experiment")), key=lambda t: t["objective"])
+    assert tomllib.loads(merged.decode())["batch_size"] == int(chosen["params"]["batch_size"])
