@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
@@ -47,7 +47,7 @@ def _enqueue_step(run: AgentRun) -> None:
     transaction.on_commit(lambda: agent_step.delay(run.pk, number))
 
 
-def run_start(*, goal: Goal, user: AbstractBaseUser | AnonymousUser) -> AgentRun:
+def run_start(*, goal: Goal, user: User | AnonymousUser) -> AgentRun:
     """Pin the goal's current version, the manifest and the base commit; queue step one."""
     if not has_role(user, ENGINEER):
         raise DomainError("Only an engineer can start a run.")
@@ -61,7 +61,7 @@ def run_start(*, goal: Goal, user: AbstractBaseUser | AnonymousUser) -> AgentRun
     if not manifest.knobs:
         raise DomainError(f"{target.name}'s manifest declares no [[knob]] for the tuner to turn.")
     with transaction.atomic():
-        version = goal_snapshot(goal=goal, user=user)  # type: ignore[arg-type]
+        version = goal_snapshot(goal=goal, user=user)
         run = AgentRun.objects.create(
             goal_version=version, target=target, policy=goal.policy, started_by=user,
             base_commit=target.manifest_commit, manifest_sha256=target.manifest_sha256,
@@ -233,7 +233,9 @@ def _comparisons(experiment: Experiment) -> list[MetricComparison]:
             for c in experiment.summary.get("comparisons", [])]
 
 
-def _goal_medians(experiment: Experiment, spec: dict[str, Any]) -> tuple[float | None, float | None]:
+def _goal_medians(
+    experiment: Experiment, spec: dict[str, Any]
+) -> tuple[float | None, float | None]:
     rows = [c for c in _comparisons(experiment)
             if c.probe == spec["probe"] and c.metric == spec["metric"]]
     cand = [c.candidate_median for c in rows if c.candidate_median is not None]
@@ -295,11 +297,11 @@ def _tuner_submit(run: AgentRun, trials: list[dict[str, Any]], spec: dict[str, A
 
 # --- human controls ------------------------------------------------------------------------
 
-def run_pause(*, run: AgentRun, user: AbstractBaseUser | AnonymousUser) -> AgentRun:
+def run_pause(*, run: AgentRun, user: User | AnonymousUser) -> AgentRun:
     return _transition(run, user, AgentRun.Status.RUNNING, AgentRun.Status.PAUSED, "paused")
 
 
-def run_resume(*, run: AgentRun, user: AbstractBaseUser | AnonymousUser) -> AgentRun:
+def run_resume(*, run: AgentRun, user: User | AnonymousUser) -> AgentRun:
     run = _transition(run, user, AgentRun.Status.PAUSED, AgentRun.Status.RUNNING, "resumed")
     if not run.state.get("waiting_for"):
         with transaction.atomic():
@@ -307,7 +309,7 @@ def run_resume(*, run: AgentRun, user: AbstractBaseUser | AnonymousUser) -> Agen
     return run
 
 
-def run_cancel(*, run: AgentRun, user: AbstractBaseUser | AnonymousUser) -> AgentRun:
+def run_cancel(*, run: AgentRun, user: User | AnonymousUser) -> AgentRun:
     if not has_role(user, ENGINEER):
         raise DomainError("Only an engineer can cancel a run.")
     with transaction.atomic():
@@ -319,7 +321,7 @@ def run_cancel(*, run: AgentRun, user: AbstractBaseUser | AnonymousUser) -> Agen
     return locked
 
 
-def _transition(run: AgentRun, user: AbstractBaseUser | AnonymousUser, old: str, new: str,
+def _transition(run: AgentRun, user: User | AnonymousUser, old: str, new: str,
                 verb: str) -> AgentRun:
     if not has_role(user, ENGINEER):
         raise DomainError(f"Only an engineer can have a run {verb}.")

@@ -9,13 +9,13 @@ from django.views.decorators.http import require_POST
 
 from agents import services
 from agents.models import AgentRun
-from infraops.access import require_any_role
+from infraops.access import HtmxHttpRequest, require_any_role
 from infraops.errors import DomainError
 from infraops.models import Goal, Target
 from reviews.models import Change
 
 
-def dashboard(request: HttpRequest) -> HttpResponse:
+def dashboard(request: HtmxHttpRequest) -> HttpResponse:
     require_any_role(request)
     return render(request, "agents/dashboard.html", {
         "targets": Target.objects.all(),
@@ -24,7 +24,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     })
 
 
-def _get_run_for_user(request: HttpRequest, pk: int) -> AgentRun:
+def _get_run_for_user(request: HtmxHttpRequest, pk: int) -> AgentRun:
     require_any_role(request)
     return get_object_or_404(
         AgentRun.objects.select_related("goal_version__goal", "target", "started_by"), pk=pk
@@ -32,7 +32,7 @@ def _get_run_for_user(request: HttpRequest, pk: int) -> AgentRun:
 
 
 @require_POST
-def run_start(request: HttpRequest, goal_id: int) -> HttpResponse:
+def run_start(request: HtmxHttpRequest, goal_id: int) -> HttpResponse:
     goal = get_object_or_404(Goal.objects.select_related("target"), pk=goal_id)
     try:
         run = services.run_start(goal=goal, user=request.user)
@@ -42,7 +42,7 @@ def run_start(request: HttpRequest, goal_id: int) -> HttpResponse:
     return redirect("agents:run", pk=run.pk)
 
 
-def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     run = _get_run_for_user(request, pk)
     after_text = request.GET.get("after", "0")
     after = int(after_text) if after_text.isdigit() else 0
@@ -57,7 +57,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
-def run_control(request: HttpRequest, pk: int, action: str) -> HttpResponse:
+def run_control(request: HtmxHttpRequest, pk: int, action: str) -> HttpResponse:
     run = _get_run_for_user(request, pk)
     control = {"pause": services.run_pause, "resume": services.run_resume,
                "cancel": services.run_cancel}.get(action)

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
+from django_htmx.middleware import HtmxDetails
 
 from infraops.roles import has_role, user_roles
+
+
+class HtmxHttpRequest(HttpRequest):
+    """The request type of our views: HtmxMiddleware adds .htmx."""
+
+    htmx: HtmxDetails
 
 
 def require_any_role(request: HttpRequest) -> None:

@@ -39,7 +39,7 @@ class MetricComparison:
     @property
     def ratio(self) -> float | None:
         """candidate / baseline; None when either side is unmeasured or the baseline is 0."""
-        if self.baseline_median in (None, 0) or self.candidate_median is None:
+        if not self.baseline_median or self.candidate_median is None:
             return None
         return self.candidate_median / self.baseline_median
 
@@ -132,4 +132,5 @@ def evaluate_criterion(spec: dict[str, Any], comparisons: Sequence[MetricCompari
 
 def _canonical(variant: str) -> str:
     pairs = [p.strip() for p in variant.split(",") if p.strip()]
-    return ",".join(sorted(f"{k.strip()}={v.strip()}" for k, _, v in (p.partition("=") for p in pairs)))
+    split = (p.partition("=") for p in pairs)
+    return ",".join(sorted(f"{k.strip()}={v.strip()}" for k, _, v in split))

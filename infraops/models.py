@@ -73,7 +73,9 @@ class Goal(models.Model):
 
     target = models.ForeignKey(Target, on_delete=models.CASCADE, related_name="goals")
     name = models.CharField(max_length=200)
-    probe = models.CharField(max_length=100, help_text="The manifest probe that reports the metric.")
+    probe = models.CharField(
+        max_length=100, help_text="The manifest probe that reports the metric."
+    )
     metric = models.CharField(max_length=100)
     direction = models.CharField(max_length=10, choices=Direction.choices, default="minimize")
     relative_target = models.FloatField(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from typing import TypeGuard
+
+from django.contrib.auth.models import AnonymousUser, User
 
 ENGINEER = "engineer"
 REVIEWER = "reviewer"
@@ -10,14 +12,15 @@ VIEWER = "viewer"
 ROLES = (ENGINEER, REVIEWER, VIEWER)
 
 
-def user_roles(user: AbstractBaseUser | AnonymousUser) -> set[str]:
+def user_roles(user: User | AnonymousUser) -> set[str]:
     if not user.is_authenticated:
         return set()
-    names = set(user.groups.values_list("name", flat=True))  # type: ignore[attr-defined]
+    names = set(user.groups.values_list("name", flat=True))
     if getattr(user, "is_superuser", False):
         names |= {ENGINEER, REVIEWER}
     return names & set(ROLES)
 
 
-def has_role(user: AbstractBaseUser | AnonymousUser, role: str) -> bool:
+def has_role(user: User | AnonymousUser, role: str) -> TypeGuard[User]:
+    """True when the user is signed in and holds the role (narrows the type to User)."""
     return role in user_roles(user)

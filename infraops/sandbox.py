@@ -764,8 +764,11 @@ def _reason(
     if exit_code == 0:
         return REASON_OK, "exited with status 0"
     signum = exit_code - 128 if 128 < exit_code < 128 + signal.NSIG else None
-    # RLIMIT_CPU sends SIGXCPU at the soft limit and SIGKILL one second later.
-    if signum in {signal.SIGXCPU, signal.SIGKILL} and cpu_seconds >= limits.cpu_seconds:
+    # RLIMIT_CPU sends SIGXCPU at the soft limit and SIGKILL one second later; a SIGKILL has
+    # other causes, so it counts only when the run used that much CPU.
+    if signum == signal.SIGXCPU or (
+        signum == signal.SIGKILL and cpu_seconds >= limits.cpu_seconds
+    ):
         return REASON_CPU, f"stopped at the {limits.cpu_seconds} s CPU-time limit"
     if signum == signal.SIGXFSZ or _has(tail, _FILE_SIZE_SIGNATURES):
         return REASON_FILE_SIZE, f"stopped at the {limits.file_size_mb} MB file-size limit"

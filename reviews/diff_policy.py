@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from unidiff import PatchSet
+from unidiff.patch import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from infraops.manifest import glob_match

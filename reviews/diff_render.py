@@ -6,7 +6,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from unidiff import PatchSet
+from unidiff.patch import PatchSet
 from unidiff.errors import UnidiffParseError
 
 

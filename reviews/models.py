@@ -77,7 +77,9 @@ class ReviewDecision(models.Model):
         REQUEST_CHANGES = "request_changes", "request changes"
 
     change = models.ForeignKey(Change, on_delete=models.CASCADE, related_name="decisions")
-    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    reviewer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
     decision = models.CharField(max_length=20, choices=Decision.choices)
     comment = models.TextField(blank=True)
     diff_sha256 = models.CharField(max_length=64)

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from unidiff import PatchSet
+from unidiff.patch import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from infraops.manifest import RiskRule, glob_match

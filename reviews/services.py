@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 from django.utils import timezone
 
@@ -21,7 +21,7 @@ MERGE_AUTHOR = ("InfraOps", "infraops@localhost")
 
 def change_submit(
     *, target: Target, title: str, hypothesis: str, evidence: dict[str, Any], base_commit: str,
-    head_commit: str, author_label: str, requested_by: AbstractBaseUser | None,
+    head_commit: str, author_label: str, requested_by: User | None,
     criteria_passed: bool,
 ) -> Change:
     """Record the diff base..head with its risk findings. A change with no risky line whose
@@ -51,7 +51,7 @@ def change_submit(
 
 
 def review_decide(
-    *, change: Change, reviewer: AbstractBaseUser | AnonymousUser, decision: str, comment: str = ""
+    *, change: Change, reviewer: User | AnonymousUser, decision: str, comment: str = ""
 ) -> ReviewDecision:
     """A reviewer decides on a change awaiting review; an approval merges it.
 
@@ -89,7 +89,7 @@ def review_decide(
     return made
 
 
-def change_merge(*, change: Change, actor: AbstractBaseUser | AnonymousUser | None) -> Change:
+def change_merge(*, change: Change, actor: User | AnonymousUser | None) -> Change:
     """Merge an approved (or auto-mergeable) change into the target's base branch.
 
     Runs in the caller's transaction with the change row locked. Refuses when the diff no
@@ -133,7 +133,7 @@ def change_merge(*, change: Change, actor: AbstractBaseUser | AnonymousUser | No
 
 
 def _merge_failed(
-    change: Change, actor: AbstractBaseUser | AnonymousUser | None, reason: str
+    change: Change, actor: User | AnonymousUser | None, reason: str
 ) -> Change:
     Change.objects.filter(pk=change.pk).update(status=Change.Status.MERGE_FAILED,
                                                merge_error=reason)

@@ -8,7 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from infraops.access import require_any_role
+from infraops.access import HtmxHttpRequest, require_any_role
 from infraops.errors import DomainError
 from reviews.diff_render import render_diff
 from reviews.models import Change, ReviewDecision
@@ -21,12 +21,12 @@ class DecisionForm(forms.Form):
                               max_length=10_000)
 
 
-def _get_change_for_user(request: HttpRequest, pk: int) -> Change:
+def _get_change_for_user(request: HtmxHttpRequest, pk: int) -> Change:
     require_any_role(request)
     return get_object_or_404(Change.objects.select_related("target", "requested_by"), pk=pk)
 
 
-def queue(request: HttpRequest) -> HttpResponse:
+def queue(request: HtmxHttpRequest) -> HttpResponse:
     require_any_role(request)
     changes = Change.objects.select_related("target", "requested_by").order_by("-created_at")
     context = {"pending": changes.filter(status=Change.Status.PENDING_REVIEW),
@@ -35,7 +35,7 @@ def queue(request: HttpRequest) -> HttpResponse:
     return render(request, template, context)
 
 
-def change_detail(request: HttpRequest, pk: int) -> HttpResponse:
+def change_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     change = _get_change_for_user(request, pk)
     return render(request, "reviews/change.html", {
         "change": change, "form": DecisionForm(),
@@ -45,7 +45,7 @@ def change_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
-def change_decide(request: HttpRequest, pk: int) -> HttpResponse:
+def change_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     change = _get_change_for_user(request, pk)
     form = DecisionForm(request.POST)
     if not form.is_valid():

@@ -21,7 +21,7 @@ from infraops.services.targets import target_register
 EXAMPLE = Path(settings.BASE_DIR) / "examples" / "tiny-serving"
 
 
-class UserFactory(factory.django.DjangoModelFactory):  # type: ignore[misc]
+class UserFactory(factory.django.DjangoModelFactory[User]):
     class Meta:
         model = User
         skip_postgeneration_save = True
@@ -29,7 +29,7 @@ class UserFactory(factory.django.DjangoModelFactory):  # type: ignore[misc]
     username = factory.Sequence(lambda n: f"user{n}")
     password = factory.PostGenerationMethodCall("set_password", "correct horse battery")
 
-    @factory.post_generation  # type: ignore[misc]
+    @factory.post_generation
     def roles(self, create: bool, extracted: Any, **kwargs: Any) -> None:
         for role in extracted or ():
             self.groups.add(Group.objects.get(name=role))
@@ -50,17 +50,17 @@ def data_dir(settings: Any) -> Iterator[Path]:
 
 @pytest.fixture
 def engineer(db: None) -> User:
-    return UserFactory(username="erin", roles=["engineer"])
+    return UserFactory.create(username="erin", roles=["engineer"])
 
 
 @pytest.fixture
 def reviewer(db: None) -> User:
-    return UserFactory(username="rae", roles=["reviewer"])
+    return UserFactory.create(username="rae", roles=["reviewer"])
 
 
 @pytest.fixture
 def viewer(db: None) -> User:
-    return UserFactory(username="vic", roles=["viewer"])
+    return UserFactory.create(username="vic", roles=["viewer"])
 
 
 def make_origin(tmp_path: Path, source: Path = EXAMPLE, name: str = "origin.git") -> Path:

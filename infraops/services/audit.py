@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import models
 
 from infraops.models import AuditEntry
@@ -12,7 +12,7 @@ from infraops.models import AuditEntry
 
 def audit_record(
     *,
-    actor: AbstractBaseUser | AnonymousUser | None,
+    actor: User | AnonymousUser | None,
     action: str,
     obj: models.Model,
     data: dict[str, Any] | None = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -15,6 +16,7 @@ import socket
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, TypedDict
 
 from django.conf import settings
 from django.db import transaction
@@ -166,8 +168,9 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
     base_raw = gitops.read_file(repo, experiment.baseline_commit, "infraops.toml") or raw
     manifest = parse_manifest(base_raw.decode())
     probes = _select_probes(manifest, list(experiment.probes))
-    trees = {
-        side: workdir / side for side in (ProbeExecution.Side.BASELINE, ProbeExecution.Side.CANDIDATE)
+    trees: dict[str, Path] = {
+        str(side): workdir / side
+        for side in (ProbeExecution.Side.BASELINE, ProbeExecution.Side.CANDIDATE)
     }
     identity = sandbox.sandbox_identity()
     for side, path in trees.items():
@@ -240,16 +243,24 @@ def _record(
         Sample.objects.bulk_create(
             Sample(
                 execution=execution, experiment=experiment, probe=probe.name, side=side,
-                variant=key, metric=row["name"], value=row["value"], unit=row.get("unit", ""),
-                case=row.get("case", ""), labels=row.get("labels", {}),
+                variant=key, metric=row["name"], value=row["value"], unit=row["unit"],
+                case=row["case"], labels=row["labels"],
             )
             for row in samples
         )
 
 
-def read_metrics(path: Path, limit: int = 100_000) -> tuple[list[dict[str, object]], list[str]]:
+class MetricRow(TypedDict):
+    name: str
+    value: float
+    unit: str
+    case: str
+    labels: dict[str, Any]
+
+
+def read_metrics(path: Path, limit: int = 100_000) -> tuple[list[MetricRow], list[str]]:
     """Parse metrics.jsonl; malformed lines are skipped and named, never fatal."""
-    rows: list[dict[str, object]] = []
+    rows: list[MetricRow] = []
     problems: list[str] = []
     if not path.is_file():
         return rows, ["the probe wrote no metrics.jsonl"]
@@ -261,16 +272,19 @@ def read_metrics(path: Path, limit: int = 100_000) -> tuple[list[dict[str, objec
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-                if not isinstance(row, dict):
+                raw = json.loads(line)
+                if not isinstance(raw, dict):
                     raise ValueError("not an object")
-                row["value"] = float(row["value"])
-                row["name"] = str(row["name"])[:100]
-                row["unit"] = str(row.get("unit", ""))[:40]
-                row["case"] = str(row.get("case", ""))[:200]
-                if not isinstance(row.get("labels", {}), dict):
+                if not math.isfinite(float(raw["value"])):
+                    raise ValueError(f"value {raw['value']!r} is not a finite number")
+                labels = raw.get("labels", {})
+                if not isinstance(labels, dict):
                     raise ValueError("labels must be an object")
-                rows.append(row)
+                rows.append(MetricRow(
+                    name=str(raw["name"])[:100], value=float(raw["value"]),
+                    unit=str(raw.get("unit", ""))[:40], case=str(raw.get("case", ""))[:200],
+                    labels=labels,
+                ))
             except (ValueError, KeyError, TypeError) as exc:
                 problems.append(f"metrics.jsonl line {number} skipped: {exc}")
     return rows, problems[:20]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 
 from infraops.manifest import Manifest
@@ -21,7 +21,8 @@ def metric_problem(manifest: Manifest | None, probe: str, metric: str) -> str | 
         names = ", ".join(p.name for p in manifest.probes) or "none"
         return f"The manifest has no probe {probe!r} (probes: {names})."
     if metric not in found.metrics:
-        return f"Probe {probe!r} reports no metric {metric!r} (it reports: {', '.join(found.metrics)})."
+        reported = ", ".join(found.metrics)
+        return f"Probe {probe!r} reports no metric {metric!r} (it reports: {reported})."
     return None
 
 
@@ -43,7 +44,7 @@ def goal_spec(goal: Goal) -> dict[str, Any]:
     }
 
 
-def goal_snapshot(*, goal: Goal, user: AbstractBaseUser | None = None) -> GoalVersion:
+def goal_snapshot(*, goal: Goal, user: User | None = None) -> GoalVersion:
     """Record the goal as it is now as a new version, unless nothing changed since the last.
 
     Runs pin a version, so editing a goal never changes a run that already started.

@@ -6,7 +6,7 @@ import hashlib
 import shutil
 from pathlib import Path
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -31,7 +31,7 @@ def repo_check(*, url: str, branch: str) -> None:
 
 def target_register(
     *, name: str, repo_url: str, base_branch: str, push_on_merge: bool = False,
-    user: AbstractBaseUser | None = None,
+    user: User | None = None,
 ) -> Target:
     """Create the target, clone it (bare) into the data folder and read its manifest."""
     repo_check(url=repo_url, branch=base_branch)

@@ -90,7 +90,9 @@ class Command(BaseCommand):
 
         self.stdout.write("Starting the embedded PostgreSQL…")
         # pgserver stops the server when this process exits (cleanup_mode 'stop').
-        self.pg = pgserver.get_server(data / "pgdata", cleanup_mode="stop")
+        self.pg = pgserver.get_server(  # type: ignore[attr-defined]
+            data / "pgdata", cleanup_mode="stop"
+        )
         if "infraops" not in self.pg.psql("SELECT datname FROM pg_database;"):
             self.pg.psql("CREATE DATABASE infraops;")
         socket_dir = self.pg.get_uri().split("host=", 1)[1].split("&", 1)[0]
@@ -140,7 +142,7 @@ class Command(BaseCommand):
         while True:
             for child in self.children:
                 if child.poll() is not None:
-                    command = " ".join(str(arg) for arg in child.args[:5])
+                    command = " ".join(str(arg) for arg in list(child.args)[:5])  # type: ignore[arg-type]
                     raise CommandError(f"`{command} …` exited with status {child.returncode}: "
                                        "stopping everything.")
             time.sleep(0.5)
