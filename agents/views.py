@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -11,7 +11,8 @@ from agents import services
 from agents.models import AgentRun
 from infraops.access import HtmxHttpRequest, require_any_role
 from infraops.errors import DomainError
-from infraops.models import Goal, Target
+from infraops.models import Experiment, Goal, Target
+from infraops.workers import missing_worker_message
 from reviews.models import Change
 
 
@@ -48,12 +49,25 @@ def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     after = int(after_text) if after_text.isdigit() else 0
     events = run.events.filter(seq__gt=after).order_by("seq")
     context = {
-        "run": run, "events": events, "steps": run.steps.order_by("number"),
+        "run": run, "events": events, "worker_warning": _worker_warning(run),
+        "steps": run.steps.order_by("number"),
         "changes": run.changes.order_by("pk"), "experiments": run.experiments.order_by("pk"),
     }
     if request.htmx:
         return render(request, "agents/run.html#live-update", context)
     return render(request, "agents/run.html", context)
+
+
+def _worker_warning(run: AgentRun) -> str | None:
+    """Why nothing moves, when no worker consumes the queue the run now waits on."""
+    if run.status != AgentRun.Status.RUNNING:
+        return None
+    waiting = run.state.get("waiting_for")
+    queue = "agent"
+    if waiting:
+        queue = (Experiment.objects.filter(pk=waiting, status=Experiment.Status.QUEUED)
+                 .values_list("queue", flat=True).first() or "agent")
+    return missing_worker_message(queue)
 
 
 @require_POST

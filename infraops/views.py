@@ -8,6 +8,7 @@ from django.shortcuts import get_object_or_404, render
 
 from infraops.access import require_any_role
 from infraops.models import Experiment, Target
+from infraops.workers import missing_worker_message
 
 
 def target_detail(request: HttpRequest, name: str) -> HttpResponse:
@@ -24,8 +25,10 @@ def target_detail(request: HttpRequest, name: str) -> HttpResponse:
 def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     require_any_role(request)
     experiment = get_object_or_404(Experiment.objects.select_related("target"), pk=pk)
+    waiting = experiment.status == Experiment.Status.QUEUED
     return render(request, "infraops/experiment.html", {
         "experiment": experiment,
+        "worker_warning": missing_worker_message(experiment.queue) if waiting else None,
         "executions": experiment.executions.order_by("attempt", "id"),
     })
 
