@@ -5,5 +5,5 @@ from django.urls import path
 from agents.consumers import RunConsumer
 
 websocket_urlpatterns = [
-    path("ws/runs/<int:run_id>/", RunConsumer.as_asgi()),
+    path("ws/runs/<int:pk>/", RunConsumer.as_asgi()),
 ]

@@ -13,13 +13,16 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402 (needs Django set up
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from agents.routing import websocket_urlpatterns  # noqa: E402
+from agents.routing import websocket_urlpatterns as agent_sockets  # noqa: E402
+from infraops.routing import websocket_urlpatterns as core_sockets  # noqa: E402
+
+# The project's composition root: it alone wires every app's sockets together.
 
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+            AuthMiddlewareStack(URLRouter(core_sockets + agent_sockets))
         ),
     }
 )

@@ -307,10 +307,18 @@ class Experiment(models.Model):
     status = models.CharField(max_length=10, choices=Status.choices, default="queued")
     candidate_commit = models.CharField(max_length=40)
     baseline_commit = models.CharField(max_length=40)
-    probes = models.JSONField(default=list, help_text="Probe names to run; empty: all.")
+    probes = models.JSONField(default=list, help_text="Probe names chosen to run, cheapest first.")
+    changed_paths = models.JSONField(default=list, blank=True,
+                                     help_text="Paths the candidate changes against the baseline.")
+    stop_on_failure = models.BooleanField(
+        default=True, help_text="A failing cheaper probe stops the costlier ones.")
     queue = models.CharField(max_length=100, default="experiments")
+    enqueued_at = models.DateTimeField(null=True, blank=True)
     origin = models.CharField(max_length=200, blank=True, help_text="Who asked, in words.")
     manifest_sha256 = models.CharField(max_length=64, blank=True)
+    probe_files = models.JSONField(default=dict, blank=True,
+                                   help_text="Git blob ids of the probes' files at the baseline.")
+    log_seq = models.PositiveIntegerField(default=0)
     # Lease: a worker owns the experiment until lease_expires_at; the reaper re-queues after.
     attempts = models.PositiveIntegerField(default=0)
     max_attempts = models.PositiveIntegerField(default=3)
@@ -368,6 +376,42 @@ class ProbeExecution(models.Model):
 
     def __str__(self) -> str:
         return f"{self.probe} {self.side} [{self.variant}] #{self.repeat_index}"
+
+
+class Artifact(models.Model):
+    """A file a probe wrote into INFRAOPS_OUT, kept in the content-addressed store."""
+
+    execution = models.ForeignKey(ProbeExecution, on_delete=models.CASCADE,
+                                  related_name="artifacts")
+    name = models.CharField(max_length=300, help_text="Path inside INFRAOPS_OUT.")
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveBigIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["execution", "name"],
+                                               name="artifact_unique_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ExperimentLog(models.Model):
+    """A batch of a probe's output, in order; the experiment page streams these."""
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="logs")
+    seq = models.PositiveIntegerField()
+    execution_label = models.CharField(max_length=300)
+    stream = models.CharField(max_length=10)
+    text = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["experiment", "seq"]
+        constraints = [models.UniqueConstraint(fields=["experiment", "seq"],
+                                               name="experiment_log_unique_seq")]
+
+    def __str__(self) -> str:
+        return f"experiment {self.experiment_id} log #{self.seq}"
 
 
 class Sample(models.Model):

@@ -369,8 +369,10 @@ def _validate(spec: SandboxSpec) -> None:
         if not host.is_dir():
             raise ValueError(f"{host} is not a folder.")
     for host, inside in spec.readonly_binds:
-        if not host.exists():
-            raise ValueError(f"{host} does not exist, so it cannot be bound at {inside}.")
+        # A bind source inside a worktree may have been replaced by an earlier probe; a symlink
+        # there would bind whatever host path it names.
+        if host.is_symlink() or not host.exists():
+            raise ValueError(f"{host} is a symlink or missing, so it cannot be bound at {inside}.")
         if not inside.startswith("/"):
             raise ValueError(f"{inside} is not an absolute path inside the sandbox.")
     for name, value in spec.env.items():
@@ -507,32 +509,40 @@ class _Namespace:
     def ensure_empty(self) -> None:
         """Verify that no process of the run is left; kill any that is (logged: the pid
         namespace and --die-with-parent should have made it impossible)."""
+        members = self.members()
+        if not members:
+            return
+        log.error("sandbox processes %s outlived their run; killing them", members)
         deadline = time.monotonic() + _LEFTOVER_WAIT_SECONDS
-        while members := self.members():
-            if time.monotonic() > deadline:
-                log.error("sandbox processes %s survived SIGKILL", members)
-                return
-            log.error("sandbox processes %s outlived their run; killing them", members)
+        while members and time.monotonic() < deadline:
             self.kill()
             for pid in members:
-                _kill_pid(pid)
+                self._kill_member(pid)
             time.sleep(0.05)
+            members = self.members()
+        if members:
+            log.error("sandbox processes %s are still there (zombies or stuck in the kernel)",
+                      members)
+
+    def _kill_member(self, pid: int) -> None:
+        """SIGKILL pid if it is still in the namespace (checked after taking a pidfd, so a
+        recycled pid is never hit)."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return
+        try:
+            mine, info = os.fstat(self.ns_fd), Path(f"/proc/{pid}/ns/pid").stat()
+            if (info.st_dev, info.st_ino) == (mine.st_dev, mine.st_ino):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+        finally:
+            os.close(pidfd)
 
     def close(self) -> None:
         os.close(self.init_pidfd)
         os.close(self.ns_fd)
-
-
-def _kill_pid(pid: int) -> None:
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-    finally:
-        os.close(pidfd)
 
 
 # --------------------------------------------------------------------------- one run

@@ -30,6 +30,7 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "experiment": experiment,
         "worker_warning": missing_worker_message(experiment.queue) if waiting else None,
         "executions": experiment.executions.order_by("attempt", "id"),
+        "logs": experiment.logs.order_by("seq")[:2000],
     })
 
 

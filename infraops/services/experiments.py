@@ -1,25 +1,29 @@
-"""Experiments: request, claim with a lease, execute probes sandboxed, store, analyse, reap.
+"""Experiments: request, claim with a lease, execute probes sandboxed, analyse, reap.
 
 Safe to run twice: an execution is owned by (claimed_by, attempt) and every write checks it;
 results are unique per attempt, so a re-delivered task never records a result twice.
+
+Leases: a claim holds the experiment for LEASE; a heartbeat thread renews it while probes run.
+A task redelivered on the same host after its worker process died takes over at once (the
+holder's pid is gone); elsewhere the reaper re-queues it once the lease has expired.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
-import math
 import os
 import random
 import shutil
 import socket
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypedDict
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -28,91 +32,127 @@ from infraops.analysis import SampleRow, compare_samples
 from infraops.errors import DomainError
 from infraops.manifest import Manifest, ManifestError, Probe, parse_manifest
 from infraops.models import Experiment, ProbeExecution, Sample, Target, variant_key
+from infraops.services.results import (
+    LogStream,
+    artifacts_store,
+    read_metrics,
+    samples_copy,
+)
 from infraops.signals import experiment_finished
 
 log = logging.getLogger(__name__)
 
-LEASE = timedelta(minutes=5)
+LEASE = timedelta(seconds=60)
+RENEW_EVERY = 15.0
+REQUEUE_QUEUED_AFTER = timedelta(minutes=2)
 KEPT_OUTPUT_BYTES = 64_000
+SIDES = (ProbeExecution.Side.BASELINE, ProbeExecution.Side.CANDIDATE)
 
 
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def queue_for(probes: list[Probe]) -> str:
+def queue_for(probes: Sequence[Probe]) -> str:
     """experiments, or experiments.<req>[.<req>] for probes that need hardware."""
     needs = sorted({req for probe in probes for req in probe.requires})
     return "experiments" + "".join(f".{req}" for req in needs)
 
 
+def select_probes(manifest: Manifest, names: Sequence[str], changed: Sequence[str]) -> list[Probe]:
+    """Named probes, or else those covering a changed path plus those marked always;
+    cheapest first."""
+    if names:
+        unknown = [n for n in names if manifest.probe(n) is None]
+        if unknown:
+            raise DomainError(f"Unknown probe(s): {', '.join(unknown)}.")
+        chosen = [p for p in manifest.probes if p.name in names]
+    else:
+        chosen = [p for p in manifest.probes if p.always or p.covers_any(changed)]
+    return sorted(chosen, key=lambda p: p.cost)
+
+
 def experiment_request(
     *, target: Target, candidate_commit: str, baseline_commit: str,
-    probes: list[str] | None = None, origin: str = "",
+    probes: Sequence[str] = (), origin: str = "", stop_on_failure: bool = True,
 ) -> Experiment:
     """Queue an experiment; its task is sent after commit, to the queue its probes need."""
     manifest = target.manifest()
     if manifest is None:
         raise DomainError(f"{target.name} has no valid infraops.toml: fix it before experimenting.")
-    chosen = _select_probes(manifest, probes or [])
+    try:
+        changed = gitops.changed_paths(target.clone_path, baseline_commit, candidate_commit)
+    except gitops.GitError as exc:
+        raise DomainError(f"The revisions cannot be compared: {exc}") from None
+    chosen = select_probes(manifest, probes, changed)
+    if not chosen:
+        raise DomainError("No probe covers the changed paths ("
+                          + (", ".join(changed[:5]) or "none") + ") and none is marked always.")
     experiment = Experiment.objects.create(
         target=target, candidate_commit=candidate_commit, baseline_commit=baseline_commit,
-        probes=[p.name for p in chosen], queue=queue_for(chosen), origin=origin,
-        manifest_sha256=target.manifest_sha256,
+        probes=[p.name for p in chosen], changed_paths=changed[:1000], queue=queue_for(chosen),
+        origin=origin, manifest_sha256=target.manifest_sha256, stop_on_failure=stop_on_failure,
+        enqueued_at=timezone.now(),
     )
-    from infraops.tasks import experiment_execute  # tasks import services, not the reverse
-
-    transaction.on_commit(
-        lambda: experiment_execute.apply_async((experiment.pk,), queue=experiment.queue)
-    )
+    _send_after_commit(experiment.pk, experiment.queue)
     return experiment
 
 
-def _select_probes(manifest: Manifest, names: list[str]) -> list[Probe]:
-    if not names:
-        return sorted(manifest.probes, key=lambda p: p.cost)
-    unknown = [n for n in names if manifest.probe(n) is None]
-    if unknown:
-        raise DomainError(f"Unknown probe(s): {', '.join(unknown)}.")
-    return sorted((p for p in manifest.probes if p.name in names), key=lambda p: p.cost)
+def _send_after_commit(experiment_id: int, queue: str) -> None:
+    from infraops.tasks import experiment_execute  # tasks import services, not the reverse
+
+    transaction.on_commit(lambda: experiment_execute.apply_async((experiment_id,), queue=queue))
+
+
+def _holder_dead(claimed_by: str) -> bool:
+    """True when the holder was a process on this host that no longer exists."""
+    host, _, pid = claimed_by.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def experiment_claim(*, experiment_id: int, worker: str) -> Experiment | None:
     """Take the experiment for `worker` with a lease; None when someone else holds it, it is
     finished, or it ran out of attempts (then it is failed as poison)."""
     now = timezone.now()
-    claimable = Q(status=Experiment.Status.QUEUED) | Q(
-        status=Experiment.Status.RUNNING, lease_expires_at__lt=now
-    )
     with transaction.atomic():
         experiment = (
             Experiment.objects.select_for_update(skip_locked=True)
-            .filter(claimable, pk=experiment_id)
+            .filter(Q(status=Experiment.Status.QUEUED) | Q(status=Experiment.Status.RUNNING),
+                    pk=experiment_id)
             .first()
         )
         if experiment is None:
             return None
-        if experiment.attempts >= experiment.max_attempts:
-            _fail(experiment, f"gave up after {experiment.attempts} attempts (poison experiment)")
+        if (experiment.status == Experiment.Status.RUNNING
+                and experiment.lease_expires_at and experiment.lease_expires_at > now
+                and not _holder_dead(experiment.claimed_by)):
             return None
-        experiment.status = Experiment.Status.RUNNING
-        experiment.attempts = F("attempts") + 1
-        experiment.claimed_by = worker
-        experiment.lease_expires_at = now + LEASE
-        experiment.started_at = experiment.started_at or now
-        experiment.save(update_fields=[
-            "status", "attempts", "claimed_by", "lease_expires_at", "started_at",
-        ])
+        if experiment.attempts >= experiment.max_attempts:
+            _fail(experiment.pk, f"gave up after {experiment.attempts} attempts: every attempt "
+                                 "ended without a result (poison experiment)")
+            return None
+        Experiment.objects.filter(pk=experiment.pk).update(
+            status=Experiment.Status.RUNNING, attempts=F("attempts") + 1, claimed_by=worker,
+            lease_expires_at=now + LEASE, started_at=experiment.started_at or now,
+        )
         experiment.refresh_from_db()
     return experiment
 
 
-def _fail(experiment: Experiment, reason: str) -> None:
-    Experiment.objects.filter(pk=experiment.pk).update(
+def _fail(experiment_id: int, reason: str) -> None:
+    Experiment.objects.filter(pk=experiment_id).update(
         status=Experiment.Status.FAILED, failure_reason=reason, finished_at=timezone.now(),
         lease_expires_at=None,
     )
-    transaction.on_commit(lambda: experiment_finished.send(Experiment, experiment_id=experiment.pk))
+    transaction.on_commit(lambda: experiment_finished.send(Experiment, experiment_id=experiment_id))
 
 
 class LeaseLost(Exception):
@@ -124,14 +164,40 @@ class _Lease:
     experiment_id: int
     worker: str
     attempt: int
+    lost: threading.Event = field(default_factory=threading.Event)
 
     def renew(self) -> None:
+        if self.lost.is_set():
+            raise LeaseLost(f"experiment {self.experiment_id} attempt {self.attempt}")
         renewed = Experiment.objects.filter(
             pk=self.experiment_id, claimed_by=self.worker, attempts=self.attempt,
             status=Experiment.Status.RUNNING,
         ).update(lease_expires_at=timezone.now() + LEASE)
         if renewed != 1:
+            self.lost.set()
             raise LeaseLost(f"experiment {self.experiment_id} attempt {self.attempt}")
+
+    @contextlib.contextmanager
+    def kept_alive(self) -> Iterator[None]:
+        """Renew from a thread while a long probe runs, so the lease never lapses under it."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            try:
+                while not stop.wait(RENEW_EVERY):
+                    self.renew()
+            except LeaseLost:
+                pass
+            finally:
+                connection.close()  # this thread's own connection
+
+        thread = threading.Thread(target=beat, name=f"lease-{self.experiment_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
 
 def experiment_execute(*, experiment_id: int, worker: str | None = None) -> Experiment | None:
@@ -143,7 +209,8 @@ def experiment_execute(*, experiment_id: int, worker: str | None = None) -> Expe
     lease = _Lease(experiment.pk, worker, experiment.attempts)
     workdir = Path(settings.DATA_DIR) / "work" / f"exp-{experiment.pk}-a{lease.attempt}"
     try:
-        _run_probes(experiment, lease, workdir)
+        with lease.kept_alive():
+            _run_probes(experiment, lease, workdir)
     except LeaseLost:
         log.warning("lost the lease on %s; another worker carries on", experiment)
         return None
@@ -159,23 +226,18 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
     problem = sandbox.sandbox_check()
     if problem is not None:
         raise sandbox.SandboxUnavailable(f"No sandbox on {lease.worker}: {problem}")
-    target = experiment.target
-    repo = target.clone_path
-    raw = gitops.read_file(repo, experiment.candidate_commit, "infraops.toml")
+    repo = experiment.target.clone_path
+    # The manifest at the baseline (protected from agent edits) defines what runs and how.
+    raw = gitops.read_file(repo, experiment.baseline_commit, "infraops.toml")
     if raw is None:
-        raise DomainError("infraops.toml is missing at the candidate revision.")
-    # The manifest at the baseline (protected from agent edits) defines what runs.
-    base_raw = gitops.read_file(repo, experiment.baseline_commit, "infraops.toml") or raw
-    manifest = parse_manifest(base_raw.decode())
-    probes = _select_probes(manifest, list(experiment.probes))
-    trees: dict[str, Path] = {
-        str(side): workdir / side
-        for side in (ProbeExecution.Side.BASELINE, ProbeExecution.Side.CANDIDATE)
-    }
+        raise DomainError("infraops.toml is missing at the baseline revision.")
+    manifest = parse_manifest(raw.decode("utf-8", "replace"))
+    probes = select_probes(manifest, list(experiment.probes), [])
+    _record_probe_files(experiment, probes)
     identity = sandbox.sandbox_identity()
+    trees = {str(side): workdir / side for side in SIDES}
     for side, path in trees.items():
-        commit = (experiment.baseline_commit if side == ProbeExecution.Side.BASELINE
-                  else experiment.candidate_commit)
+        commit = experiment.baseline_commit if side == "baseline" else experiment.candidate_commit
         gitops.worktree_add(repo, path, commit)
         sandbox.sandbox_prepare_dir(path, identity)
     failures: list[str] = []
@@ -183,8 +245,21 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
         failure = _run_probe(experiment, lease, probe, trees, workdir, identity)
         if failure:
             failures.append(failure)
-            break  # a failing cheaper probe stops the costlier ones
+            if experiment.stop_on_failure:
+                break  # a failing cheaper probe stops the costlier ones
     _finish(lease, failure="; ".join(failures))
+
+
+def _record_probe_files(experiment: Experiment, probes: Sequence[Probe]) -> None:
+    """Git blob ids of every probe file at the baseline: which probe code produced the data."""
+    ids: dict[str, str | None] = {"infraops.toml": None}
+    for path in ids.keys() | {f for p in probes for f in p.files}:
+        try:
+            ids[path] = gitops.rev_parse(experiment.target.clone_path,
+                                         f"{experiment.baseline_commit}:{path}")
+        except gitops.GitError:
+            ids[path] = None
+    Experiment.objects.filter(pk=experiment.pk).update(probe_files=ids)
 
 
 def _run_probe(
@@ -195,44 +270,47 @@ def _run_probe(
     sentence, or '' when every execution exited 0."""
     seed = random.SystemRandom().randrange(2**31)
     for variant in probe.variant_matrix():
+        key = variant_key(variant)
         for repeat in range(probe.repeat):
             for side, tree in trees.items():
                 lease.renew()
-                out = workdir / "out" / f"{probe.name}-{side}-{variant_key(variant)}-{repeat}"
+                out = workdir / "out" / f"{probe.name}-{side}-{key}-{repeat}"
                 out.mkdir(parents=True)
                 sandbox.sandbox_prepare_dir(out, identity)
-                env = {key.upper(): value for key, value in variant.items()} | {
+                label = f"{probe.name} {side} [{key or 'default'}] #{repeat}"
+                stream = LogStream(experiment.pk, label)
+                env = {k.upper(): v for k, v in variant.items()} | {
                     "INFRAOPS_SEED": str(seed), "INFRAOPS_REPEAT": str(repeat),
                 }
-                result = sandbox.sandbox_run(
-                    sandbox.SandboxSpec(
-                        command=probe.command, workdir=tree, out_dir=out, env=env,
-                        readonly_binds=[(tree / ".git", "/work/.git")],
-                        limits=sandbox.SandboxLimits(wall_seconds=probe.timeout),
-                    ),
-                    identity=identity,
-                )
-                _record(experiment, lease, probe, side, variant, repeat, result, out)
+                try:
+                    result = sandbox.sandbox_run(
+                        sandbox.SandboxSpec(
+                            command=probe.command, workdir=tree, out_dir=out, env=env,
+                            readonly_binds=[(tree / ".git", "/work/.git")],
+                            limits=sandbox.SandboxLimits(wall_seconds=probe.timeout),
+                        ),
+                        identity=identity, on_output=stream,
+                    )
+                finally:
+                    stream.close()
+                _record(experiment, lease, probe.name, side, key, repeat, result, out)
                 if result.reason != "ok":
-                    return (f"probe {probe.name} ({side}, {variant_key(variant) or 'default'}) "
-                            f"failed: {result.detail}")
+                    return f"probe {label} failed: {result.detail}"
     return ""
 
 
 def _record(
-    experiment: Experiment, lease: _Lease, probe: Probe, side: str, variant: dict[str, str],
-    repeat: int, result: sandbox.SandboxResult, out: Path,
+    experiment: Experiment, lease: _Lease, probe: str, side: str, variant: str, repeat: int,
+    result: sandbox.SandboxResult, out: Path,
 ) -> None:
-    key = variant_key(variant)
-    samples, problems = read_metrics(out / "metrics.jsonl")
+    rows, problems = read_metrics(out / "metrics.jsonl")
     with transaction.atomic():
         lease.renew()
         execution, created = ProbeExecution.objects.get_or_create(
-            experiment=experiment, attempt=lease.attempt, probe=probe.name, side=side,
-            variant=key, repeat_index=repeat,
+            experiment=experiment, attempt=lease.attempt, probe=probe, side=side,
+            variant=variant, repeat_index=repeat,
             defaults={
-                "exit_code": result.exit_code, "reason": result.reason,
-                "detail": "\n".join([result.detail, *problems]).strip(),
+                "exit_code": result.exit_code, "reason": result.reason, "detail": "",
                 "wall_seconds": result.wall_seconds,
                 "stdout": result.stdout[-KEPT_OUTPUT_BYTES:].decode("utf-8", "replace"),
                 "stderr": result.stderr[-KEPT_OUTPUT_BYTES:].decode("utf-8", "replace"),
@@ -240,54 +318,10 @@ def _record(
         )
         if not created:
             return
-        Sample.objects.bulk_create(
-            Sample(
-                execution=execution, experiment=experiment, probe=probe.name, side=side,
-                variant=key, metric=row["name"], value=row["value"], unit=row["unit"],
-                case=row["case"], labels=row["labels"],
-            )
-            for row in samples
-        )
-
-
-class MetricRow(TypedDict):
-    name: str
-    value: float
-    unit: str
-    case: str
-    labels: dict[str, Any]
-
-
-def read_metrics(path: Path, limit: int = 100_000) -> tuple[list[MetricRow], list[str]]:
-    """Parse metrics.jsonl; malformed lines are skipped and named, never fatal."""
-    rows: list[MetricRow] = []
-    problems: list[str] = []
-    if not path.is_file():
-        return rows, ["the probe wrote no metrics.jsonl"]
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, start=1):
-            if number > limit:
-                problems.append(f"metrics.jsonl: only the first {limit} lines were read")
-                break
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-                if not isinstance(raw, dict):
-                    raise ValueError("not an object")
-                if not math.isfinite(float(raw["value"])):
-                    raise ValueError(f"value {raw['value']!r} is not a finite number")
-                labels = raw.get("labels", {})
-                if not isinstance(labels, dict):
-                    raise ValueError("labels must be an object")
-                rows.append(MetricRow(
-                    name=str(raw["name"])[:100], value=float(raw["value"]),
-                    unit=str(raw.get("unit", ""))[:40], case=str(raw.get("case", ""))[:200],
-                    labels=labels,
-                ))
-            except (ValueError, KeyError, TypeError) as exc:
-                problems.append(f"metrics.jsonl line {number} skipped: {exc}")
-    return rows, problems[:20]
+        samples_copy(execution, rows)
+        problems += artifacts_store(execution, out)
+        execution.detail = "\n".join([result.detail, *problems]).strip()
+        execution.save(update_fields=["detail"])
 
 
 def _finish(lease: _Lease, *, failure: str) -> None:
@@ -305,7 +339,7 @@ def _finish(lease: _Lease, *, failure: str) -> None:
             pk=lease.experiment_id, claimed_by=lease.worker, attempts=lease.attempt,
             status=Experiment.Status.RUNNING,
         ).update(
-            status=Experiment.Status.FAILED if failure else Experiment.Status.SUCCEEDED,
+            status=(Experiment.Status.FAILED if failure else Experiment.Status.SUCCEEDED),
             failure_reason=failure, summary=summary, finished_at=timezone.now(),
             lease_expires_at=None,
         )
@@ -316,7 +350,7 @@ def _finish(lease: _Lease, *, failure: str) -> None:
 
 
 def _cleanup(target: Target, workdir: Path) -> None:
-    for side in ("baseline", "candidate"):
+    for side in SIDES:
         if (workdir / side).exists():
             try:
                 gitops.worktree_remove(target.clone_path, workdir / side)
@@ -326,14 +360,18 @@ def _cleanup(target: Target, workdir: Path) -> None:
 
 
 def experiments_reap() -> list[int]:
-    """Re-queue experiments whose lease expired (their worker died). Returns their ids."""
-    from infraops.tasks import experiment_execute
-
-    expired = list(
-        Experiment.objects.filter(
-            status=Experiment.Status.RUNNING, lease_expires_at__lt=timezone.now()
-        ).values_list("pk", "queue")
+    """Re-send experiments whose lease expired (their worker died) and experiments queued so
+    long that their message was probably lost with a killed worker. Duplicates are harmless:
+    a claim lets only one through. Returns the ids re-sent."""
+    now = timezone.now()
+    stale = Experiment.objects.filter(
+        Q(status=Experiment.Status.RUNNING, lease_expires_at__lt=now)
+        | Q(status=Experiment.Status.QUEUED, enqueued_at__lt=now - REQUEUE_QUEUED_AFTER)
     )
-    for pk, queue in expired:
-        experiment_execute.apply_async((pk,), queue=queue)
-    return [pk for pk, _ in expired]
+    resent = []
+    with transaction.atomic():
+        for pk, queue in stale.select_for_update(skip_locked=True).values_list("pk", "queue"):
+            Experiment.objects.filter(pk=pk).update(enqueued_at=now)
+            _send_after_commit(pk, queue)
+            resent.append(pk)
+    return resent

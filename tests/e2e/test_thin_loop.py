@@ -64,6 +64,14 @@ def test_an_engineer_runs_the_tuner_live_and_a_reviewer_approves_the_merge(
                  .values_list("side", flat=True)[:4])
     assert sides == ["baseline", "candidate", "baseline", "candidate"]
 
+    # The experiment page shows the probes' output, kept as log rows.
+    first = Experiment.objects.order_by("pk").first()
+    assert first is not None
+    page.goto(f"{base}/experiments/{first.pk}/")
+    expect(page.locator("#experiment-log")).to_contain_text("latency=")
+    expect(page.locator("#experiment-log li")).to_have_count(first.logs.count())
+    page.go_back()
+
     change = Change.objects.get()
     assert change.status == Change.Status.PENDING_REVIEW
     assert "production" in change.risk_categories

@@ -1,0 +1,530 @@
+"""Containment tests for infraops.sandbox: every test starts real bubblewrap sandboxes.
+
+Run without Django: python -m pytest -p no:django -p no:cacheprovider tests/infraops/test_sandbox.py
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from infraops import sandbox
+from infraops.sandbox import (
+    SandboxIdentity,
+    SandboxLimits,
+    SandboxResult,
+    SandboxSpec,
+    SandboxUnavailable,
+    sandbox_check,
+    sandbox_identity,
+    sandbox_prepare_dir,
+    sandbox_read_output,
+    sandbox_run,
+)
+
+PYTHON = "/usr/bin/python3"
+MARKER = "31.4159"  # a sleep length no other process on the host uses
+IS_ROOT = os.geteuid() == 0
+
+
+@dataclass
+class Dirs:
+    base: Path
+    work: Path
+    out: Path
+    identity: SandboxIdentity
+
+
+@pytest.fixture
+def dirs() -> Iterator[Dirs]:
+    # pytest's tmp_path lives under a 0700 folder the sandbox uid could not reach.
+    base = Path(tempfile.mkdtemp(prefix="infraops-sandbox-test-"))
+    base.chmod(0o755)
+    identity = sandbox_identity() if IS_ROOT else SandboxIdentity(os.getuid(), os.getgid())
+    work, out = base / "work", base / "out"
+    sandbox_prepare_dir(work, identity)
+    sandbox_prepare_dir(out, identity)
+    yield Dirs(base, work, out, identity)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def limits(**overrides: float) -> SandboxLimits:
+    values: dict[str, float] = {
+        "wall_seconds": 20.0, "cpu_seconds": 10, "address_space_mb": 1024, "file_size_mb": 64,
+        "processes": 64, "output_bytes": 100_000,
+    }
+    values.update(overrides)
+    return SandboxLimits(**values)  # type: ignore[arg-type]
+
+
+def run(dirs: Dirs, command: str, **kwargs: object) -> SandboxResult:
+    spec = SandboxSpec(
+        command=command, workdir=dirs.work, out_dir=dirs.out,
+        env=kwargs.pop("env", {}),  # type: ignore[arg-type]
+        readonly_binds=kwargs.pop("readonly_binds", ()),  # type: ignore[arg-type]
+        limits=kwargs.pop("limits", limits()),  # type: ignore[arg-type]
+    )
+    return sandbox_run(spec, **kwargs)  # type: ignore[arg-type]
+
+
+def python(code: str) -> str:
+    return f"{PYTHON} -c '{code}'"
+
+
+def orphaned_zombies(uid: int) -> set[int]:
+    """Dead processes of uid left to the host's init, which may never reap them."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                status = (entry / "status").read_text()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            if (fields["State"].split()[0], fields["PPid"].strip(), fields["Uid"].split()[0]) == (
+                "Z", "1", str(uid),
+            ):
+                found.add(int(entry.name))
+    return found
+
+
+def start_time(pid: int) -> bytes:
+    """Field 22 of /proc/PID/stat: tells a process from a later one that reuses its pid."""
+    stat_line = Path(f"/proc/{pid}/stat").read_bytes()
+    return stat_line[stat_line.rindex(b")") :].split()[20]
+
+
+class NamespaceWatch:
+    """Pins a run's pid namespace, named by the run's first output line (`readlink
+    /proc/self/ns/pid`), so that its processes can be looked for after the run without
+    confusing it with a later sandbox that reuses the inode number."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.seen: dict[int, bytes] = {}  # host pid -> its /proc stat line, start time included
+
+    def on_output(self, stream: str, chunk: bytes) -> None:
+        if self.fd is not None or stream != "stdout" or not chunk.startswith(b"pid:["):
+            return
+        inode = int(chunk[5 : chunk.index(b"]")])
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and (entry / "ns" / "pid").stat().st_ino == inode:
+                    self.seen[int(entry.name)] = start_time(int(entry.name))
+                    if self.fd is None:
+                        self.fd = os.open(entry / "ns" / "pid", os.O_RDONLY)
+            except OSError:
+                continue
+
+    def members(self) -> list[int]:
+        assert self.fd is not None, "the run's namespace was never seen"
+        mine = os.fstat(self.fd)
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                info = (entry / "ns" / "pid").stat()
+            except (OSError, ValueError):
+                continue
+            if (info.st_dev, info.st_ino) == (mine.st_dev, mine.st_ino):
+                found.append(int(entry.name))
+        return found
+
+    def survivors(self) -> list[int]:
+        """Processes seen during the run that still exist, as zombies included."""
+        found = []
+        for pid, started in self.seen.items():
+            try:
+                if start_time(pid) == started:
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+@pytest.fixture
+def watch() -> Iterator[NamespaceWatch]:
+    watcher = NamespaceWatch()
+    yield watcher
+    watcher.close()
+
+
+def assert_nothing_left(
+    watch: NamespaceWatch, identity: SandboxIdentity, zombies: set[int],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The module kills and logs leftovers itself; a clean run must not have needed that.
+    assert [r.getMessage() for r in caplog.records if r.name == "infraops.sandbox"] == []
+    assert watch.seen, "the run's processes were never seen"
+    assert watch.members() == []
+    assert watch.survivors() == []
+    assert processes_with_marker(MARKER) == []
+    assert orphaned_zombies(identity.uid) <= zombies
+
+
+def processes_with_marker(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def host_can_connect(family: socket.AddressFamily, address: tuple[str, int] | str) -> bool:
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2)
+        try:
+            probe.connect(address)
+        except OSError:
+            return False
+        return True
+
+
+CONNECT = """
+import socket, sys
+family, address = {family}, {address!r}
+s = socket.socket(family, socket.SOCK_STREAM)
+s.settimeout(2)
+try:
+    s.connect(address)
+except OSError as exc:
+    print("blocked", type(exc).__name__)
+    sys.exit(0)
+print("connected")
+"""
+
+
+def connect_inside(dirs: Dirs, family: str, address: object) -> SandboxResult:
+    script = dirs.work / "connect.py"
+    script.write_text(CONNECT.format(family=family, address=address))
+    return run(dirs, f"{PYTHON} connect.py")
+
+
+# --------------------------------------------------------------------------- running
+
+
+def test_it_runs_a_command_and_captures_output_and_metrics_written_to_out(dirs: Dirs) -> None:
+    chunks: list[tuple[str, bytes]] = []
+    result = run(
+        dirs,
+        'echo hello; echo oops >&2; pwd > where.txt; '
+        'printf \'{"name": "latency", "value": %s}\\n\' "$LATENCY" > "$INFRAOPS_OUT/metrics.jsonl"',
+        env={"LATENCY": "1.5"},
+        on_output=lambda stream, chunk: chunks.append((stream, chunk)),
+    )
+    assert (result.reason, result.exit_code) == ("ok", 0)
+    assert (result.stdout, result.stderr) == (b"hello\n", b"oops\n")
+    assert not result.output_truncated
+    assert b"".join(c for s, c in chunks if s == "stdout") == b"hello\n"
+    assert b"".join(c for s, c in chunks if s == "stderr") == b"oops\n"
+    assert (dirs.out / "metrics.jsonl").read_text() == '{"name": "latency", "value": 1.5}\n'
+    assert (dirs.work / "where.txt").read_text() == "/work\n"
+    assert 0 < result.wall_seconds < 5
+
+
+def test_a_failing_command_reports_its_exit_status(dirs: Dirs) -> None:
+    result = run(dirs, "echo failing >&2; exit 3")
+    assert (result.reason, result.exit_code) == ("exit", 3)
+    assert result.detail == "exited with status 3"
+
+
+def test_it_runs_as_a_non_root_uid_without_capabilities(dirs: Dirs) -> None:
+    result = run(dirs, "id -u; id -g; grep -E '^(CapEff|CapPrm|NoNewPrivs)' /proc/self/status")
+    lines = result.stdout.decode().split("\n")
+    assert lines[0] == str(dirs.identity.uid) != "0"
+    assert lines[1] == str(dirs.identity.gid) != "0"
+    assert "CapPrm:\t0000000000000000" in lines
+    assert "CapEff:\t0000000000000000" in lines
+    assert "NoNewPrivs:\t1" in lines
+
+
+def test_sandbox_check_passes_on_this_machine() -> None:
+    assert sandbox_check() is None
+
+
+# --------------------------------------------------------------------------- network
+
+
+def test_tcp_connection_to_local_postgres_port_fails(dirs: Dirs) -> None:
+    assert host_can_connect(socket.AF_INET, ("127.0.0.1", 5432)), "no PostgreSQL on the host"
+    result = connect_inside(dirs, "socket.AF_INET", ("127.0.0.1", 5432))
+    assert result.stdout.startswith(b"blocked"), result.stdout
+
+
+def test_tcp_connection_to_local_redis_port_fails(dirs: Dirs) -> None:
+    assert host_can_connect(socket.AF_INET, ("127.0.0.1", 6379)), "no Redis on the host"
+    result = connect_inside(dirs, "socket.AF_INET", ("127.0.0.1", 6379))
+    assert result.stdout.startswith(b"blocked"), result.stdout
+
+
+def test_unix_socket_of_postgres_is_not_reachable(dirs: Dirs) -> None:
+    path = "/var/run/postgresql/.s.PGSQL.5432"
+    assert host_can_connect(socket.AF_UNIX, path), "no PostgreSQL socket on the host"
+    result = connect_inside(dirs, "socket.AF_UNIX", path)
+    assert result.stdout == b"blocked FileNotFoundError\n"
+
+
+def test_dns_lookup_fails(dirs: Dirs) -> None:
+    result = run(dirs, python('import socket; socket.getaddrinfo("example.com", 443)'))
+    assert result.reason == "exit"
+    assert b"socket.gaierror" in result.stderr
+
+
+def test_the_only_network_interface_is_loopback(dirs: Dirs) -> None:
+    result = run(dirs, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+    assert result.stdout == b"lo\n"
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_etc_shadow_cannot_be_read(dirs: Dirs) -> None:
+    assert Path("/etc/shadow").exists()
+    result = run(dirs, "cat /etc/shadow; ls /etc")
+    assert b"/etc/shadow: No such file or directory" in result.stderr
+    listing = result.stdout.decode().split()
+    assert "passwd" in listing
+    assert not {"shadow", "gshadow", "sudoers", "gitconfig"} & set(listing)
+
+
+def test_a_planted_canary_outside_the_worktree_is_not_readable(dirs: Dirs) -> None:
+    canary = dirs.base / "elsewhere" / "canary.txt"
+    canary.parent.mkdir()
+    canary.write_text("canary-3f9a")
+    canary.chmod(0o644)
+    checkout = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    result = run(dirs, f"cat {canary}; cat {checkout}; ls /work")
+    assert b"canary-3f9a" not in result.stdout
+    assert b"[project]" not in result.stdout
+    assert result.stderr.count(b"No such file or directory") == 2
+
+
+def test_writes_outside_the_worktree_fail(dirs: Dirs) -> None:
+    outside = ["/usr/planted", "/etc/planted", "/planted", "/bin/planted", "/proc/planted"]
+    inside = ["/work/made", "/out/made", "/tmp/made", "/var/tmp/made", "/root/made"]
+    result = run(dirs, "; ".join(f"touch {path} && echo WROTE {path}" for path in outside + inside))
+    written = {line.split()[1] for line in result.stdout.decode().splitlines()}
+    assert written == set(inside)
+    assert not Path("/usr/planted").exists()
+    assert (dirs.work / "made").exists()
+
+
+def test_a_readonly_bind_cannot_be_written(dirs: Dirs) -> None:
+    shared = dirs.base / "shared"
+    shared.mkdir()
+    (shared / "data.txt").write_text("original")
+    # Owned by the sandbox uid, so only the read-only mount stands in the way.
+    sandbox_prepare_dir(shared, dirs.identity)
+    result = run(
+        dirs, "cat /shared/data.txt; echo changed > /shared/data.txt; touch /shared/new; "
+        "rm /shared/data.txt", readonly_binds=[(shared, "/shared")],
+    )
+    assert result.stdout == b"original"
+    assert result.stderr.count(b"Read-only file system") == 3
+    assert (shared / "data.txt").read_text() == "original"
+    assert sorted(p.name for p in shared.iterdir()) == ["data.txt"]
+
+
+def test_the_worktree_git_dir_is_read_only(dirs: Dirs) -> None:
+    hooks = dirs.work / ".git" / "hooks"
+    hooks.mkdir(parents=True)
+    if IS_ROOT:
+        for path in (hooks.parent, hooks):
+            os.chown(path, dirs.identity.uid, dirs.identity.gid)
+    result = run(dirs, "echo 'touch /tmp/pwned' > .git/hooks/post-checkout; touch ok")
+    assert b"Read-only file system" in result.stderr
+    assert list(hooks.iterdir()) == []
+    assert (dirs.work / "ok").exists()
+
+
+def test_a_symlink_or_fifo_planted_in_out_is_not_followed_when_read(dirs: Dirs) -> None:
+    run(dirs, 'cd "$INFRAOPS_OUT"; ln -s /etc/shadow metrics.jsonl; mkfifo pipe; echo hi > real')
+    with pytest.raises(OSError):
+        sandbox_read_output(dirs.out, "metrics.jsonl", max_bytes=1000)
+    with pytest.raises(OSError):
+        sandbox_read_output(dirs.out, "pipe", max_bytes=1000)
+    assert sandbox_read_output(dirs.out, "real", max_bytes=1000) == b"hi\n"
+    assert sandbox_read_output(dirs.out, "missing", max_bytes=1000) is None
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def test_environment_of_the_host_is_not_visible(
+    dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("INFRAOPS_TEST_CANARY", "secret-7c1e")
+    result = run(
+        dirs, "env; echo ---; cat /proc/[0-9]*/environ | tr '\\0' '\\n'",
+        env={"PASSED_ON": "yes"},
+    )
+    assert b"secret-7c1e" not in result.stdout
+    env = dict(line.split("=", 1) for line in result.stdout.decode().split("---")[0].split())
+    assert env == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
+        "INFRAOPS_OUT": "/out", "PASSED_ON": "yes", "PWD": "/work",  # PWD: set by sh itself
+    }
+
+
+def test_host_processes_are_not_visible(dirs: Dirs) -> None:
+    result = run(dirs, "ls /proc | grep -c '^[0-9]'; cat /proc/1/comm")
+    count, init = result.stdout.decode().split()
+    assert int(count) <= 4  # bwrap's init, sh, ls, grep
+    assert init == "bwrap"
+
+
+FORK_BOMB = """
+import os, sys, time
+made = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(30)
+            os._exit(0)
+        made += 1
+except OSError:
+    print(made, flush=True)
+    raise
+"""
+
+
+def test_fork_bomb_is_contained(
+    dirs: Dirs, watch: NamespaceWatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    (dirs.work / "bomb.py").write_text(FORK_BOMB)
+    zombies = orphaned_zombies(dirs.identity.uid)
+    result = run(
+        dirs, f"readlink /proc/self/ns/pid; {PYTHON} bomb.py {MARKER}",
+        limits=limits(processes=20), on_output=watch.on_output,
+    )
+    assert result.reason == "process-limit", result.stderr
+    assert b"Resource temporarily unavailable" in result.stderr
+    assert int(result.stdout.split()[-1]) < 20
+    assert result.wall_seconds < 10
+    assert_nothing_left(watch, dirs.identity, zombies, caplog)
+
+
+def test_memory_hog_is_contained(dirs: Dirs) -> None:
+    result = run(dirs, python("b = bytearray(1 << 30)"), limits=limits(address_space_mb=256))
+    assert result.reason == "memory-limit"
+    assert b"MemoryError" in result.stderr
+    assert result.detail == "ran out of memory under the 256 MB limit"
+
+
+def test_cpu_spin_hits_cpu_limit(dirs: Dirs) -> None:
+    result = run(dirs, python("while True: pass"), limits=limits(cpu_seconds=1))
+    assert result.reason == "cpu-limit"
+    assert result.exit_code in {128 + 24, 128 + 9}
+    assert 1 <= result.wall_seconds < 10
+
+
+def test_huge_file_hits_file_size_limit(dirs: Dirs) -> None:
+    result = run(dirs, "head -c 5000000 /dev/zero > big", limits=limits(file_size_mb=1))
+    assert result.reason == "file-size-limit"
+    assert (dirs.work / "big").stat().st_size <= 1 << 20
+
+
+def test_output_flood_is_capped(dirs: Dirs) -> None:
+    streamed: list[int] = []
+    result = run(
+        dirs, "head -c 50000000 /dev/zero; echo done >&2", limits=limits(output_bytes=10_000),
+        on_output=lambda stream, chunk: streamed.append(len(chunk)),
+    )
+    assert result.reason == "ok"
+    assert len(result.stdout) == 10_000
+    assert result.stderr == b"done\n"
+    assert result.output_truncated
+    assert sum(streamed) == 10_005
+
+
+def test_sleep_past_timeout_is_killed_and_no_process_of_the_sandbox_uid_remains(
+    dirs: Dirs, watch: NamespaceWatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    zombies = orphaned_zombies(dirs.identity.uid)
+    started = time.monotonic()
+    result = run(
+        dirs,
+        f"readlink /proc/self/ns/pid; setsid sleep {MARKER} & (sleep {MARKER} &) ; sleep {MARKER}",
+        limits=limits(wall_seconds=1), on_output=watch.on_output,
+    )
+    assert (result.reason, result.exit_code) == ("timeout", None)
+    assert result.detail.startswith("killed after 1.")
+    assert time.monotonic() - started < 4
+    assert_nothing_left(watch, dirs.identity, zombies, caplog)
+
+
+def test_background_processes_do_not_outlive_a_finished_run(
+    dirs: Dirs, watch: NamespaceWatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    zombies = orphaned_zombies(dirs.identity.uid)
+    result = run(
+        dirs, f"readlink /proc/self/ns/pid; setsid sleep {MARKER} & sleep 0.2; echo started",
+        on_output=watch.on_output,
+    )
+    assert (result.reason, result.stdout.split()[-1]) == ("ok", b"started")
+    assert result.wall_seconds < 5
+    assert_nothing_left(watch, dirs.identity, zombies, caplog)
+
+
+# --------------------------------------------------------------------------- failing closed
+
+
+def test_sandbox_unavailable_when_bwrap_missing(
+    dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/bwrap")
+    ran = dirs.base / "ran-unconfined"
+    assert "bubblewrap (bwrap) is not installed" in (sandbox_check() or "")
+    with pytest.raises(SandboxUnavailable, match="bwrap"):
+        run(dirs, f"touch {ran}")
+    assert not ran.exists()
+
+
+def test_sandbox_unavailable_when_bwrap_cannot_start_a_sandbox(
+    dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sandbox, "BWRAP", "/bin/false")
+    problem = sandbox_check()
+    assert problem is not None
+    assert problem.startswith("The sandbox could not start")
+    with pytest.raises(SandboxUnavailable):
+        run(dirs, "true")
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="only root hands folders to another uid")
+def test_prepare_dir_hands_the_tree_but_not_its_git_dir_to_the_sandbox_uid(dirs: Dirs) -> None:
+    tree = dirs.base / "tree"
+    (tree / "src").mkdir(parents=True)
+    (tree / "src" / "main.py").write_text("")
+    (tree / ".git").write_text("gitdir: elsewhere\n")
+    (tree / "link").symlink_to("/etc/passwd")
+    sandbox_prepare_dir(tree, dirs.identity)
+    for path in (tree, tree / "src", tree / "src" / "main.py", tree / "link"):
+        assert path.lstat().st_uid == dirs.identity.uid
+    assert (tree / ".git").stat().st_uid == 0
+    assert Path("/etc/passwd").stat().st_uid == 0
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="a private folder is reachable by its own uid")
+def test_prepare_dir_refuses_a_folder_the_sandbox_uid_cannot_reach(dirs: Dirs) -> None:
+    private = dirs.base / "private"
+    private.mkdir(mode=0o700)
+    assert stat.S_IMODE(private.stat().st_mode) == 0o700
+    with pytest.raises(SandboxUnavailable, match="not searchable"):
+        sandbox_prepare_dir(private / "work", dirs.identity)
