@@ -89,11 +89,12 @@ class Verdict:
 def metric_value(
     comparisons: Sequence[MetricComparison], *, probe: str, metric: str, variant: str, side: str
 ) -> float | None:
-    """The median of one metric at one variant and side, over all cases (median of medians)."""
+    """The median of one metric at one variant and side, over all cases (median of medians);
+    a blank variant means every variant of the probe."""
     values = [
         (c.candidate_median if side == "candidate" else c.baseline_median)
         for c in comparisons
-        if c.probe == probe and c.metric == metric and c.variant == variant
+        if c.probe == probe and c.metric == metric and variant in ("", c.variant)
     ]
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None

@@ -577,6 +577,13 @@ def _compare_and_swap(repo: Path, *, branch: str, new: str, old: str) -> None:
         raise
 
 
+def branch_move(repo: Path, branch: str, *, new: str, old: str) -> None:
+    """Move ``branch`` from ``old`` to ``new`` by compare-and-swap (RefMoved if it is not at
+    ``old``); used to take back a merge whose push was rejected."""
+    _check_branch(repo, branch)
+    _compare_and_swap(repo, branch=branch, new=rev_parse(repo, new), old=rev_parse(repo, old))
+
+
 def push(repo: Path, remote: str, branch: str, *, timeout: float = 120) -> None:
     """Push local ``branch`` to the same branch on ``remote`` (a name or a URL).
 

@@ -53,6 +53,9 @@ SETPRIV = "setpriv"
 SANDBOX_USER = "infraops-sandbox"
 FALLBACK_USER = "nobody"
 
+# The supervisor compiled from infraops/native/sandbox_supervisor.c by scripts/setup.sh: the
+# same program as _SUPERVISOR below, about 25 ms faster to start. Without it, the Python one.
+SUPERVISOR_BINARY = Path(sys.executable).with_name("infraops-sandbox-supervisor")
 SANDBOX_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
 _HOST_PATH: Final = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Paths inside the sandbox, each a fresh tmpfs: not the host's shared /tmp.
@@ -453,8 +456,11 @@ def _launch_argv(spec: SandboxSpec, identity: SandboxIdentity, status_fd: int) -
         limits.cpu_seconds, limits.address_space_mb << 20, limits.file_size_mb << 20,
         limits.processes,
     ))
+    arguments = [str(os.getpid()), rlimits, str(status_fd), *argv]
+    if os.access(SUPERVISOR_BINARY, os.X_OK):
+        return [str(SUPERVISOR_BINARY), *arguments]
     python = sys.executable or "/usr/bin/python3"
-    return [python, "-I", "-S", "-c", _SUPERVISOR, str(os.getpid()), rlimits, str(status_fd), *argv]
+    return [python, "-I", "-S", "-c", _SUPERVISOR, *arguments]
 
 
 # --------------------------------------------------------------------------- the pid namespace

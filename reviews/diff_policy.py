@@ -47,10 +47,12 @@ def check_diff(diff: str, policy: Policy) -> list[Violation]:
     violations: list[Violation] = []
     changed = 0
     forbidden = [re.compile(p) for p in policy.forbidden_patterns]
+    if not len(patch) and diff.strip():
+        return [Violation("(diff)", "not a unified diff: no file header found")]
     for patched in patch:
-        for path in {patched.source_file, patched.target_file} - {"/dev/null"}:
-            clean = path.removeprefix("a/").removeprefix("b/")
-            violations.extend(path_violations(clean, policy))
+        paths = {patched.source_file.removeprefix("a/"), patched.target_file.removeprefix("b/")}
+        for path in sorted(paths - {"/dev/null"}):
+            violations.extend(path_violations(path, policy))
         if "120000" in (str(patched.patch_info) if patched.patch_info else ""):
             violations.append(Violation(patched.path, "symlinks may not be created or changed"))
         for hunk in patched:

@@ -21,9 +21,9 @@ class Change(models.Model):
     class Status(models.TextChoices):
         PENDING_REVIEW = "pending_review", "awaiting review"
         CHANGES_REQUESTED = "changes_requested", "changes requested"
-        APPROVED = "approved"
-        REJECTED = "rejected"
-        MERGED = "merged"
+        APPROVED = "approved", "approved"
+        REJECTED = "rejected", "rejected"
+        MERGED = "merged", "merged"
         MERGE_FAILED = "merge_failed", "merge failed"
 
     target = models.ForeignKey(Target, on_delete=models.CASCADE, related_name="changes")

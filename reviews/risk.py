@@ -74,6 +74,8 @@ def classify(diff: str, rules: Sequence[Rule] = BUILTIN_RULES) -> list[Finding]:
         patch = PatchSet(diff)
     except UnidiffParseError as exc:
         raise DiffParseError(f"not a unified diff: {exc}") from None
+    if not len(patch) and diff.strip():
+        raise DiffParseError("not a unified diff: no file header found")
     compiled = [(rule, [re.compile(p) for p in rule.patterns]) for rule in rules]
     findings: list[Finding] = []
     for patched in patch:

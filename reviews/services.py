@@ -119,10 +119,15 @@ def change_merge(*, change: Change, actor: User | AnonymousUser | None) -> Chang
             f"Change {locked.pk}, {locked.author_label}.",
             author_name=MERGE_AUTHOR[0], author_email=MERGE_AUTHOR[1],
         )
-        if target.push_on_merge:
-            gitops.push(repo, "origin", target.base_branch)
     except gitops.GitError as exc:
         return _merge_failed(locked, actor, str(exc))
+    if target.push_on_merge:
+        try:
+            gitops.push(repo, "origin", target.base_branch)
+        except gitops.GitError as exc:
+            # Take the merge back, so the clone never holds what the origin refused.
+            gitops.branch_move(repo, target.base_branch, new=tip, old=merged)
+            return _merge_failed(locked, actor, f"the origin refused the push: {exc}")
     Change.objects.filter(pk=locked.pk).update(
         status=Change.Status.MERGED, merged_commit=merged, merged_at=timezone.now(), merge_error=""
     )

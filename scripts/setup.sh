@@ -27,3 +27,13 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q -r requirements-dev.txt
   rm -f .venv/.requirements-* && touch "$stamp"
 fi
+
+# The sandbox supervisor in C (infraops/sandbox.py falls back to a Python one without it).
+supervisor=.venv/bin/infraops-sandbox-supervisor
+if [ ! -x "$supervisor" ] || [ infraops/native/sandbox_supervisor.c -nt "$supervisor" ]; then
+  if command -v cc >/dev/null; then
+    cc -O2 -Wall -Wextra -Werror -o "$supervisor" infraops/native/sandbox_supervisor.c
+  else
+    echo "No C compiler: probes start through the slower Python supervisor." >&2
+  fi
+fi

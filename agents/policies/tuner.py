@@ -59,7 +59,8 @@ def suggest(knobs: Sequence[Knob], trials: Sequence[Trial], *, seed: int) -> dic
     finite = math.isfinite(space_size(knobs))
     sampler: optuna.samplers.BaseSampler = (
         optuna.samplers.BruteForceSampler(seed=seed) if finite
-        else optuna.samplers.TPESampler(seed=seed)
+        # The study is rebuilt every step: a fixed seed would repeat TPE's random start-up.
+        else optuna.samplers.TPESampler(seed=seed + len(trials))
     )
     study = optuna.create_study(direction="minimize", sampler=sampler)
     for trial in trials:

@@ -36,6 +36,17 @@ MARKER = "31.4159"  # a sleep length no other process on the host uses
 IS_ROOT = os.geteuid() == 0
 
 
+@pytest.fixture(autouse=True, params=["compiled-supervisor", "python-supervisor"])
+def supervisor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every containment test runs under both supervisors: the C one scripts/setup.sh builds,
+    and the Python one used where no compiler was available."""
+    if request.param == "python-supervisor":
+        monkeypatch.setattr(sandbox, "SUPERVISOR_BINARY", Path("/nonexistent/supervisor"))
+    elif not os.access(sandbox.SUPERVISOR_BINARY, os.X_OK):
+        pytest.fail("the compiled supervisor is missing: run scripts/setup.sh")
+    return str(request.param)
+
+
 @dataclass
 class Dirs:
     base: Path

@@ -1,0 +1,229 @@
+"""Experiment environment figures (issue 3). Prints `figure: <name> <value> <unit>` lines.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres REDIS_URL=redis://127.0.0.1:6379/10 \
+        .venv/bin/python bench/experiments.py
+
+It creates (and drops) its own database `infraops_bench` on DATABASE_URL's server, starts one
+real Celery worker, and measures:
+
+- dispatch_overhead_p95_ms: request committed -> the worker holds the claim, idle worker;
+- wall_ratio_1s_probe: an experiment of a 1 s probe (baseline + candidate) through the whole
+  system, request to finish, over the same probe command run directly twice;
+- sandbox_start_median_ms: one sandboxed `true`;
+- ingest_samples_per_s: samples stored through the COPY path.
+Targets (issue 3): <= 50, <= 1.03, <= 15, >= 50000.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BENCH_DB = "infraops_bench"
+PROBE_SCRIPT = """import json, os, time
+time.sleep(1)
+with open(os.environ["INFRAOPS_OUT"] + "/metrics.jsonl", "w") as out:
+    out.write(json.dumps({"name": "latency_ms", "value": 1.0}) + "\\n")
+"""
+PROBE = "python3 bench/sleep_probe.py"
+
+
+def figure(name: str, value: float, unit: str) -> None:
+    print(f"figure: {name} {value:.4g} {unit}", flush=True)
+
+
+def bench_database_url() -> str:
+    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+    parts = urlsplit(base)
+    import psycopg
+
+    admin = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {BENCH_DB}")
+    return urlunsplit(parts._replace(path=f"/{BENCH_DB}"))
+
+
+def drop_database() -> None:
+    import psycopg
+
+    parts = urlsplit(os.environ["DATABASE_URL"])
+    with psycopg.connect(urlunsplit(parts._replace(path="/postgres")), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+
+
+def setup() -> Path:
+    data = Path(tempfile.mkdtemp(prefix="infraops-bench-"))
+    data.chmod(0o755)
+    os.environ["DATABASE_URL"] = bench_database_url()
+    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/10")
+    os.environ["INFRAOPS_DATA"] = str(data)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "infraops.settings"
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    import redis
+
+    redis.Redis.from_url(os.environ["REDIS_URL"]).flushdb()
+    return data
+
+
+def make_target(data: Path):  # type: ignore[no-untyped-def]
+    from infraops import gitops
+    from infraops.services.targets import target_register
+
+    source = data / "src"
+    shutil.copytree(ROOT / "examples" / "tiny-serving", source)
+    manifest = (source / "infraops.toml").read_text()
+    (source / "bench" / "sleep_probe.py").write_text(PROBE_SCRIPT)
+    manifest = manifest.replace("python3 bench/probe.py", PROBE)
+    manifest = manifest.replace("repeat = 5", "repeat = 1")
+    (source / "infraops.toml").write_text(manifest)
+    origin = data / "origin.git"
+    gitops.repo_init_from_dir(source, origin, branch="main", message="bench")
+    return target_register(name="bench", repo_url=str(origin), base_branch="main")
+
+
+def candidate(target, n: int) -> str:  # type: ignore[no-untyped-def]
+    from infraops import gitops
+
+    tree = Path(target.clone_path).parent / f"cand-{n}"
+    base = gitops.rev_parse(target.clone_path, "refs/heads/main")
+    gitops.worktree_add(target.clone_path, tree, base)
+    config = tree / "config" / "serving.toml"
+    config.write_text(config.read_text() + f"# candidate {n}\n")
+    sha = gitops.commit_all(tree, f"candidate {n}", author_name="b", author_email="b@b")
+    gitops.worktree_remove(target.clone_path, tree)
+    assert sha is not None
+    return sha
+
+
+def start_worker(data: Path) -> subprocess.Popen[bytes]:
+    log = (data / "worker.log").open("wb")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "infraops", "worker", "-Q", "experiments",
+         "-c", "1", "-n", f"bench-{os.getpid()}@%h", "--loglevel", "WARNING"],
+        cwd=ROOT, env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT)
+    from infraops.workers import live_queues
+
+    deadline = time.monotonic() + 60
+    while "experiments" not in (live_queues() or set()):
+        if time.monotonic() > deadline or worker.poll() is not None:
+            raise SystemExit(f"the bench worker did not start: see {data / 'worker.log'}")
+        time.sleep(0.2)
+    return worker
+
+
+def wait_finished(pk: int, timeout: float = 120):  # type: ignore[no-untyped-def]
+    from infraops.models import Experiment
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        experiment = Experiment.objects.get(pk=pk)
+        if experiment.is_finished:
+            return experiment
+        time.sleep(0.02)
+    raise SystemExit(f"experiment {pk} did not finish in {timeout} s")
+
+
+def bench_dispatch_and_wall(target) -> None:  # type: ignore[no-untyped-def]
+    from infraops.services.experiments import experiment_request
+
+    base = target.manifest_commit
+    dispatch: list[float] = []
+    ratios: list[float] = []
+    direct = direct_probe_seconds(target)
+    for n in range(12):
+        sha = candidate(target, n)
+        experiment = experiment_request(target=target, candidate_commit=sha, baseline_commit=base)
+        done = wait_finished(experiment.pk)
+        assert done.status == "succeeded", done.failure_reason
+        dispatch.append((done.started_at - done.created_at).total_seconds() * 1000)
+        ratios.append((done.finished_at - done.created_at).total_seconds() / (2 * direct))
+    figure("dispatch_overhead_p95_ms", statistics.quantiles(dispatch, n=20)[-1], "ms")
+    figure("wall_ratio_1s_probe", statistics.median(ratios), "ratio")
+
+
+def direct_probe_seconds(target) -> float:  # type: ignore[no-untyped-def]
+    out = Path(tempfile.mkdtemp())
+    env = os.environ | {"INFRAOPS_OUT": str(out)}
+    script = out / "sleep_probe.py"
+    script.write_text(PROBE_SCRIPT)
+    runs = []
+    for _ in range(3):
+        started = time.perf_counter()
+        subprocess.run(["/usr/bin/python3", str(script)], env=env, check=True)
+        runs.append(time.perf_counter() - started)
+    shutil.rmtree(out)
+    return statistics.median(runs)
+
+
+def bench_sandbox_start(data: Path) -> None:
+    from infraops import sandbox
+
+    work, out = data / "sb-work", data / "sb-out"
+    identity = sandbox.sandbox_identity()
+    for path in (work, out):
+        sandbox.sandbox_prepare_dir(path, identity)
+    spec = sandbox.SandboxSpec(command="true", workdir=work, out_dir=out, env={})
+    sandbox.sandbox_run(spec, identity=identity)
+    runs = []
+    for _ in range(30):
+        started = time.perf_counter()
+        sandbox.sandbox_run(spec, identity=identity)
+        runs.append((time.perf_counter() - started) * 1000)
+    figure("sandbox_start_median_ms", statistics.median(runs), "ms")
+
+
+def bench_ingest(target) -> None:  # type: ignore[no-untyped-def]
+    from infraops.models import Experiment, ProbeExecution, Sample
+    from infraops.services.results import MetricRow, samples_copy
+
+    experiment = Experiment.objects.create(target=target, candidate_commit="0" * 40,
+                                           baseline_commit="0" * 40)
+    execution = ProbeExecution.objects.create(experiment=experiment, attempt=1, probe="p",
+                                              side="candidate", repeat_index=0, reason="ok",
+                                              wall_seconds=0)
+    rows = [MetricRow(name="latency_ms", value=float(i), unit="ms", case=f"case-{i % 97}",
+                      labels={"i": i}) for i in range(200_000)]
+    started = time.perf_counter()
+    stored = samples_copy(execution, rows)
+    elapsed = time.perf_counter() - started
+    assert Sample.objects.filter(execution=execution).count() == stored == len(rows)
+    figure("ingest_samples_per_s", stored / elapsed, "samples/s")
+
+
+def main() -> None:
+    data = setup()
+    worker = None
+    try:
+        target = make_target(data)
+        bench_sandbox_start(data)
+        bench_ingest(target)
+        worker = start_worker(data)
+        bench_dispatch_and_wall(target)
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(timeout=30)
+        from django.db import connections
+
+        connections.close_all()
+        drop_database()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

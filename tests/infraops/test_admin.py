@@ -1,0 +1,252 @@
+"""The admin editor through the test client, as an engineer (staff, with the role's rights)."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from infraops.models import AcceptanceCriterion, Boundary, Goal, GoalVersion, Target
+from tests.conftest import make_origin
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings: Any) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+class FormFields(HTMLParser):
+    """What a browser would submit from the page's forms with their current values (the
+    admin's empty inline templates, '__prefix__', left out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: dict[str, str] = {}
+        self._textarea: str | None = None
+        self._select: str | None = None
+        self._first_option: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = {k: v or "" for k, v in attrs}
+        name = a.get("name", "")
+        if tag == "input" and name and "__prefix__" not in name:
+            kind = a.get("type", "text")
+            if kind in ("submit", "button", "image", "file"):
+                return
+            if kind in ("checkbox", "radio") and "checked" not in a:
+                return
+            self.fields[name] = a.get("value", "on" if kind == "checkbox" else "")
+        elif tag == "textarea" and "__prefix__" not in name:
+            self._textarea = name
+            self.fields[name] = ""
+        elif tag == "select" and "__prefix__" not in name:
+            self._select, self._first_option = name, None
+        elif tag == "option" and self._select:
+            if self._first_option is None:
+                self._first_option = a.get("value", "")
+                self.fields.setdefault(self._select, self._first_option)
+            if "selected" in a:
+                self.fields[self._select] = a.get("value", "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "textarea" and self._textarea:
+            # HTML drops one newline right after <textarea>; Django writes one there.
+            self.fields[self._textarea] = self.fields[self._textarea].removeprefix("\n")
+            self._textarea = None
+        elif tag == "select":
+            self._select = None
+
+    def handle_data(self, data: str) -> None:
+        if self._textarea:
+            self.fields[self._textarea] += data
+
+
+def form_of(client: Client, url: str) -> dict[str, str]:
+    response = client.get(url)
+    assert response.status_code == 200
+    parser = FormFields()
+    parser.feed(response.content.decode())
+    parser.fields.pop("csrfmiddlewaretoken", None)
+    return parser.fields
+
+
+@pytest.fixture
+def editor(client: Client, engineer: User) -> Client:
+    client.force_login(engineer)
+    return client
+
+
+def new_goal(client: Client, target: Target, **changes: str) -> dict[str, str]:
+    """The add-goal form filled in with a valid goal, then `changes` applied."""
+    fields = form_of(client, "/admin/infraops/goal/add/")
+    assert fields["boundary-TOTAL_FORMS"] == "1"
+    assert fields["criteria-TOTAL_FORMS"] == "0"
+    fields.update({
+        "target": str(target.pk), "name": "throughput", "probe": "latency-bench",
+        "metric": "latency_ms", "direction": "minimize", "relative_target": "0.1",
+        "boundary-0-editable_paths": "config/**",
+    })
+    fields.update(changes)
+    return fields
+
+
+def with_criterion(fields: dict[str, str], **criterion: str) -> dict[str, str]:
+    values = {"kind": "relative", "probe": "latency-bench", "metric": "latency_ms",
+              "variant": "", "reference_variant": "", "comparison": "<=", "value": "-0.05",
+              **criterion}
+    return fields | {"criteria-TOTAL_FORMS": "1"} | {
+        f"criteria-0-{name}": value for name, value in values.items()
+    }
+
+
+def test_adding_a_valid_goal_records_version_one(editor: Client,
+                                                 example_target: Target) -> None:
+    fields = with_criterion(new_goal(editor, example_target))
+
+    response = editor.post("/admin/infraops/goal/add/", fields, follow=True)
+
+    assert response.status_code == 200
+    assert "Goal saved as version 1" in response.content.decode()
+    goal = Goal.objects.get(name="throughput")
+    assert goal.current_version == 1
+    version = GoalVersion.objects.get(goal=goal)
+    assert version.number == 1
+    assert version.spec["boundary"]["editable_paths"] == ["config/**"]
+    assert [(c["kind"], c["value"]) for c in version.spec["criteria"]] == [("relative", -0.05)]
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"probe": "no-such-bench"}, "The manifest has no probe &#x27;no-such-bench&#x27;"),
+    ({"metric": "tokens_per_s"},
+     "Probe &#x27;latency-bench&#x27; reports no metric &#x27;tokens_per_s&#x27;"),
+    ({"relative_target": "0"}, "A wanted improvement is a positive fraction."),
+])
+def test_a_goal_naming_what_the_manifest_lacks_is_refused(
+    editor: Client, example_target: Target, changes: dict[str, str], message: str
+) -> None:
+    response = editor.post("/admin/infraops/goal/add/", new_goal(editor, example_target,
+                                                                 **changes))
+
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not Goal.objects.exists()
+    assert not GoalVersion.objects.exists()
+
+
+@pytest.mark.parametrize(("criterion", "message"), [
+    ({"probe": "accuracy"}, "has no probe &#x27;accuracy&#x27;"),
+    ({"metric": "p99_ms"}, "reports no metric &#x27;p99_ms&#x27;"),
+])
+def test_a_criterion_naming_what_the_manifest_lacks_is_refused(
+    editor: Client, example_target: Target, criterion: dict[str, str], message: str
+) -> None:
+    fields = with_criterion(new_goal(editor, example_target), **criterion)
+
+    response = editor.post("/admin/infraops/goal/add/", fields)
+
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not Goal.objects.exists()
+    assert not AcceptanceCriterion.objects.exists()
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("editable_paths", "/abs/**", "must be relative to the repository root"),
+    ("editable_paths", "config/**\na/../b", "must not contain &#x27;..&#x27;"),
+    ("protected_paths", "bench/[x", "has an unbalanced [ ]"),
+    ("forbidden_patterns", "os\\.system(", "is not a valid regular expression"),
+])
+def test_a_boundary_with_an_invalid_glob_or_regex_is_refused(
+    editor: Client, example_target: Target, field: str, value: str, message: str
+) -> None:
+    fields = new_goal(editor, example_target, **{f"boundary-0-{field}": value})
+
+    response = editor.post("/admin/infraops/goal/add/", fields)
+
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not Goal.objects.exists()
+    assert not Boundary.objects.exists()
+
+
+def test_a_saved_edit_is_a_new_version_and_an_unchanged_save_is_not(
+    editor: Client, example_goal: Goal
+) -> None:
+    url = f"/admin/infraops/goal/{example_goal.pk}/change/"
+    fields = form_of(editor, url)
+    assert fields["relative_target"] == "0.1"
+    assert fields["boundary-0-editable_paths"] == "config/**"
+
+    first = editor.post(url, fields | {"relative_target": "0.2"}, follow=True)
+
+    assert "Goal saved as version 2" in first.content.decode()
+    assert list(example_goal.versions.values_list("number", flat=True)) == [2, 1]
+    assert example_goal.versions.get(number=2).spec["relative_target"] == 0.2
+    assert example_goal.versions.get(number=1).spec["relative_target"] == 0.1
+
+    again = editor.post(url, form_of(editor, url), follow=True)
+
+    assert again.status_code == 200
+    assert "Goal saved as version 2" in again.content.decode()
+    assert example_goal.versions.count() == 2
+    example_goal.refresh_from_db()
+    assert example_goal.current_version == 2
+
+
+def test_an_edit_of_the_boundary_alone_is_a_new_version(editor: Client,
+                                                        example_goal: Goal) -> None:
+    url = f"/admin/infraops/goal/{example_goal.pk}/change/"
+    fields = form_of(editor, url) | {"boundary-0-max_experiments": "3"}
+
+    editor.post(url, fields)
+
+    latest = example_goal.versions.get(number=2)
+    assert latest.spec["boundary"]["max_experiments"] == 3
+
+
+def test_adding_a_target_with_an_unreachable_repository_is_refused(
+    editor: Client, tmp_path: Path
+) -> None:
+    fields = form_of(editor, "/admin/infraops/target/add/") | {
+        "name": "ghost", "repo_url": str(tmp_path / "missing.git"), "base_branch": "main",
+    }
+
+    response = editor.post("/admin/infraops/target/add/", fields)
+
+    assert response.status_code == 200
+    assert "cannot be read" in response.content.decode()
+    assert not Target.objects.exists()
+
+
+def test_adding_a_target_without_its_branch_is_refused(editor: Client, tmp_path: Path) -> None:
+    origin = make_origin(tmp_path)
+    fields = form_of(editor, "/admin/infraops/target/add/") | {
+        "name": "tiny", "repo_url": str(origin), "base_branch": "release",
+    }
+
+    response = editor.post("/admin/infraops/target/add/", fields)
+
+    assert "has no branch &#x27;release&#x27;" in response.content.decode()
+    assert not Target.objects.exists()
+
+
+def test_adding_a_reachable_target_clones_it_and_reads_its_manifest(
+    editor: Client, tmp_path: Path, engineer: User
+) -> None:
+    origin = make_origin(tmp_path)
+    fields = form_of(editor, "/admin/infraops/target/add/") | {
+        "name": "tiny", "repo_url": str(origin), "base_branch": "main",
+    }
+
+    response = editor.post("/admin/infraops/target/add/", fields)
+
+    assert response.status_code == 302
+    target = Target.objects.get(name="tiny")
+    assert target.created_by == engineer
+    assert target.clone_path.is_dir()
+    assert target.manifest_errors == []
+    assert target.manifest() is not None

@@ -1,0 +1,276 @@
+"""reviews.services on the example target: submit, decide, merge, with real git and Postgres."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import DatabaseError, transaction
+
+from infraops import gitops
+from infraops.errors import DomainError
+from infraops.models import AuditEntry, Target
+from reviews.models import Change, ReviewDecision
+from reviews.services import change_submit, review_decide
+from tests.conftest import UserFactory
+from tests.reviews.conftest import SERVING_TOML, CommitOn
+
+
+def main_tip(repo: Path) -> str:
+    return gitops.rev_parse(repo, "refs/heads/main")
+
+
+def origin_tip(target: Target) -> str:
+    """Where main is in the target's own repository (the origin InfraOps cloned)."""
+    return main_tip(Path(target.repo_url))
+
+
+def test_a_config_change_awaits_review_as_production_risk(config_change: Change) -> None:
+    assert config_change.status == Change.Status.PENDING_REVIEW
+    assert config_change.risk_categories == ["production"]
+    assert [(f["rule"], f["path"], f["line"], f["text"]) for f in config_change.risk] == [
+        ("serving-config", "config/serving.toml", 2, "batch_size = 2"),
+        ("serving-config", "config/serving.toml", 2, "batch_size = 8"),
+    ]
+    assert config_change.diff_sha256 == Change.hash_diff(config_change.diff)
+    assert "+batch_size = 8" in config_change.diff
+    assert config_change.merged_commit == ""
+
+
+def test_submitting_an_empty_change_is_refused(example_target: Target) -> None:
+    tip = main_tip(example_target.clone_path)
+
+    with pytest.raises(DomainError, match="The change is empty"):
+        change_submit(target=example_target, title="nothing", hypothesis="", evidence={},
+                      base_commit=tip, head_commit=tip, author_label="run 1",
+                      requested_by=None, criteria_passed=True)
+    assert not Change.objects.exists()
+
+
+def test_submitting_an_unknown_commit_is_refused(example_target: Target) -> None:
+    tip = main_tip(example_target.clone_path)
+
+    with pytest.raises(DomainError, match="cannot be computed"):
+        change_submit(target=example_target, title="ghost", hypothesis="", evidence={},
+                      base_commit=tip, head_commit="f" * 40, author_label="run 1",
+                      requested_by=None, criteria_passed=True)
+    assert not Change.objects.exists()
+
+
+def test_an_engineer_without_the_reviewer_role_is_refused(config_change: Change,
+                                                          engineer: User) -> None:
+    with pytest.raises(DomainError, match="Only a reviewer can decide"):
+        review_decide(change=config_change, reviewer=engineer, decision="approve")
+
+    config_change.refresh_from_db()
+    assert config_change.status == Change.Status.PENDING_REVIEW
+    assert not ReviewDecision.objects.exists()
+
+
+def test_the_person_who_started_the_run_is_refused_even_as_a_reviewer(
+    example_target: Target, commit_on: CommitOn
+) -> None:
+    starter = cast(User, UserFactory(username="sam", roles=["engineer", "reviewer"]))
+    base, head = commit_on({"config/serving.toml": SERVING_TOML})
+    change = change_submit(target=example_target, title="t", hypothesis="h", evidence={},
+                           base_commit=base, head_commit=head, author_label="run 7",
+                           requested_by=starter, criteria_passed=True)
+
+    with pytest.raises(DomainError, match="You started the run"):
+        review_decide(change=change, reviewer=starter, decision="approve")
+
+    change.refresh_from_db()
+    assert change.status == Change.Status.PENDING_REVIEW
+    assert not change.decisions.exists()
+    assert main_tip(example_target.clone_path) == base
+
+
+def test_an_unknown_decision_is_refused(config_change: Change, reviewer: User) -> None:
+    with pytest.raises(DomainError, match="Unknown decision 'merge'"):
+        review_decide(change=config_change, reviewer=reviewer, decision="merge")
+
+    assert not ReviewDecision.objects.exists()
+
+
+def test_a_reviewers_approval_merges_into_the_clone_and_pushes_to_the_origin(
+    config_change: Change, reviewer: User, example_target: Target
+) -> None:
+    origin_before = origin_tip(example_target)
+
+    decision = review_decide(change=config_change, reviewer=reviewer, decision="approve",
+                             comment="Looks right.")
+
+    config_change.refresh_from_db()
+    assert config_change.status == Change.Status.MERGED
+    assert config_change.merged_commit
+    assert config_change.merged_at is not None
+    assert main_tip(example_target.clone_path) == config_change.merged_commit
+    assert origin_tip(example_target) == config_change.merged_commit
+    assert origin_before != config_change.merged_commit
+    merged_config = gitops.read_file(Path(example_target.repo_url),
+                                     config_change.merged_commit, "config/serving.toml")
+    assert merged_config == SERVING_TOML.encode()
+    assert (decision.decision, decision.comment) == ("approve", "Looks right.")
+    assert decision.diff_sha256 == config_change.diff_sha256
+    assert decision.base_commit == config_change.base_commit
+
+
+def test_it_refuses_a_second_approval_and_records_nothing(config_change: Change,
+                                                          reviewer: User) -> None:
+    review_decide(change=config_change, reviewer=reviewer, decision="approve")
+    other = cast(User, UserFactory(username="rob", roles=["reviewer"]))
+    audit_before = AuditEntry.objects.count()
+    tip_before = main_tip(config_change.target.clone_path)
+
+    with pytest.raises(DomainError, match="already decided, so nothing was recorded"):
+        review_decide(change=config_change, reviewer=other, decision="approve")
+
+    assert config_change.decisions.count() == 1
+    assert AuditEntry.objects.count() == audit_before
+    assert main_tip(config_change.target.clone_path) == tip_before
+
+
+@pytest.mark.parametrize(("decision", "status"), [
+    ("reject", Change.Status.REJECTED),
+    ("request_changes", Change.Status.CHANGES_REQUESTED),
+])
+def test_reject_and_request_changes_set_the_status_and_merge_nothing(
+    config_change: Change, reviewer: User, decision: str, status: str
+) -> None:
+    base = config_change.base_commit
+
+    made = review_decide(change=config_change, reviewer=reviewer, decision=decision,
+                         comment="Batch 8 starves the KV transfer.")
+
+    config_change.refresh_from_db()
+    assert config_change.status == status
+    assert config_change.merged_commit == ""
+    assert made.comment == "Batch 8 starves the KV transfer."
+    assert main_tip(config_change.target.clone_path) == base
+    assert AuditEntry.objects.filter(action=f"change.{decision}",
+                                     object_id=str(config_change.pk)).count() == 1
+
+
+def test_an_approval_of_a_diff_that_no_longer_matches_refuses_to_merge(
+    config_change: Change, reviewer: User
+) -> None:
+    Change.objects.filter(pk=config_change.pk).update(diff_sha256="0" * 64)
+    base = config_change.base_commit
+
+    with pytest.raises(DomainError, match="approval is void"):
+        review_decide(change=config_change, reviewer=reviewer, decision="approve")
+
+    config_change.refresh_from_db()
+    assert config_change.status == Change.Status.PENDING_REVIEW
+    assert config_change.merged_commit == ""
+    assert main_tip(config_change.target.clone_path) == base
+    assert not config_change.decisions.exists()
+
+
+def test_when_the_base_branch_moved_the_change_ends_merge_failed_naming_the_move(
+    config_change: Change, reviewer: User, commit_on: CommitOn, example_target: Target
+) -> None:
+    repo = example_target.clone_path
+    base, other = commit_on({"README.md": "Someone else's edit.\n"})
+    moved = gitops.merge(repo, branch="main", commit=other, expected_base=base,
+                         message="other work", author_name="Someone",
+                         author_email="someone@example.test")
+    origin_before = origin_tip(example_target)
+
+    review_decide(change=config_change, reviewer=reviewer, decision="approve")
+
+    config_change.refresh_from_db()
+    assert config_change.status == Change.Status.MERGE_FAILED
+    assert config_change.merge_error.startswith(f"main moved from {base[:10]} to {moved[:10]}")
+    assert "re-run its experiments on the new base" in config_change.merge_error
+    assert config_change.merged_commit == ""
+    assert main_tip(repo) == moved
+    assert origin_tip(example_target) == origin_before
+    assert AuditEntry.objects.filter(action="change.merge_failed").count() == 1
+
+
+def test_a_change_with_no_risky_line_whose_criteria_passed_merges_on_submit(
+    example_target: Target, commit_on: CommitOn, engineer: User
+) -> None:
+    base, head = commit_on({"README.md": "A small serving engine, documented.\n"})
+
+    change = change_submit(target=example_target, title="Docs", hypothesis="Clearer docs.",
+                           evidence={}, base_commit=base, head_commit=head,
+                           author_label="run 2", requested_by=engineer, criteria_passed=True)
+
+    assert change.risk == []
+    assert change.status == Change.Status.MERGED
+    assert change.merged_commit == head  # the base had not moved: a fast-forward
+    assert main_tip(example_target.clone_path) == head
+    assert origin_tip(example_target) == head
+    merge_entry = AuditEntry.objects.get(action="change.merge")
+    assert (merge_entry.actor, merge_entry.actor_label) == (None, "auto-merge")
+
+
+def test_a_change_with_no_risky_line_but_failed_criteria_waits_for_review(
+    example_target: Target, commit_on: CommitOn
+) -> None:
+    base, head = commit_on({"README.md": "A small serving engine, documented.\n"})
+
+    change = change_submit(target=example_target, title="Docs", hypothesis="h", evidence={},
+                           base_commit=base, head_commit=head, author_label="run 2",
+                           requested_by=None, criteria_passed=False)
+
+    assert change.risk == []
+    assert change.status == Change.Status.PENDING_REVIEW
+    assert main_tip(example_target.clone_path) == base
+
+
+def test_submit_approve_and_merge_write_audit_entries(config_change: Change,
+                                                      reviewer: User) -> None:
+    review_decide(change=config_change, reviewer=reviewer, decision="approve")
+
+    entries = AuditEntry.objects.filter(object_type="reviews.change",
+                                        object_id=str(config_change.pk)).order_by("pk")
+    assert [(e.action, e.actor_label) for e in entries] == [
+        ("change.submit", "run 1"), ("change.approve", "rae"), ("change.merge", "rae"),
+    ]
+    submit, approve, merge = entries
+    assert submit.data == {"risk": ["production"], "criteria_passed": True}
+    assert approve.actor == reviewer
+    assert approve.data["diff_sha256"] == config_change.diff_sha256
+    assert merge.data == {"commit": config_change.merged_commit, "branch": "main"}
+
+
+@pytest.mark.parametrize("statement", ["update", "delete"])
+def test_the_database_refuses_to_change_or_delete_audit_entries(config_change: Change,
+                                                                statement: str) -> None:
+    entry = AuditEntry.objects.get(action="change.submit")
+
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        if statement == "update":
+            AuditEntry.objects.filter(pk=entry.pk).update(action="change.nothing")
+        else:
+            AuditEntry.objects.filter(pk=entry.pk).delete()
+
+    entry.refresh_from_db()
+    assert entry.action == "change.submit"
+
+
+def test_a_rejected_push_leaves_the_clones_branch_where_it_was(
+    config_change: Change, reviewer: User, example_target: Target, tmp_path: Path
+) -> None:
+    origin = Path(example_target.repo_url)
+    base = main_tip(origin)
+    tree = tmp_path / "upstream-work"
+    gitops.worktree_add(origin, tree, base)
+    (tree / "README.md").write_text("Pushed upstream meanwhile.\n")
+    upstream = gitops.commit_all(tree, "upstream", author_name="U", author_email="u@example.test")
+    gitops.worktree_remove(origin, tree)
+    assert upstream is not None
+    gitops.merge(origin, branch="main", commit=upstream, expected_base=base, message="upstream",
+                 author_name="U", author_email="u@example.test")
+
+    review_decide(change=config_change, reviewer=reviewer, decision="approve")
+
+    config_change.refresh_from_db()
+    assert config_change.status == Change.Status.MERGE_FAILED
+    assert "rejected" in config_change.merge_error
+    assert main_tip(example_target.clone_path) == config_change.base_commit
