@@ -17,12 +17,13 @@ Contracts shared by every function:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shlex
 import shutil
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -359,6 +360,21 @@ def read_file(repo: Path, commit: str, path: str) -> bytes | None:
     return body[: int(fields[2])]
 
 
+def blob_ids(repo: Path, commit: str, paths: Sequence[str]) -> dict[str, str | None]:
+    """Git's object id of each path at ``commit`` (None when absent), in one git call."""
+    sha = rev_parse(repo, commit)
+    usable = [p for p in paths if "\n" not in p and "\0" not in p]
+    spec = "".join(f"{sha}:{p.lstrip('/')}\n" for p in usable).encode("utf-8", "surrogateescape")
+    ids: dict[str, str | None] = dict.fromkeys(paths)
+    if not usable:
+        return ids
+    lines = _run(repo, ["cat-file", "--batch-check"], input=spec).stdout.splitlines()
+    for path, line in zip(usable, lines, strict=False):
+        fields = line.split(b" ")
+        ids[path] = fields[0].decode() if len(fields) == 3 else None
+    return ids
+
+
 def list_files(repo: Path, commit: str) -> list[str]:
     """Every file path (repo-relative, recursive) at ``commit``, in git's order."""
     sha = rev_parse(repo, commit)
@@ -409,11 +425,25 @@ def worktree_add(repo: Path, path: Path, commit: str, *, branch: str | None = No
     """
     sha = rev_parse(repo, commit)
     target = str(path.resolve())
-    if branch is None:
-        git(repo, "worktree", "add", "--quiet", "--detach", target, sha)
-        return
-    _check_branch(repo, branch)
-    git(repo, "worktree", "add", "--quiet", "-b", branch, target, sha)
+    if branch is not None:
+        _check_branch(repo, branch)
+    how = ["--detach"] if branch is None else ["-b", branch]
+    with _worktree_lock(repo):
+        git(repo, "worktree", "add", "--quiet", *how, target, sha)
+
+
+@contextlib.contextmanager
+def _worktree_lock(repo: Path) -> Iterator[None]:
+    """Serialise worktree changes in one repository across processes: two concurrent
+    `git worktree add` race on the repository's worktree records (seen here: "failed to
+    read worktrees/baseline/commondir")."""
+    git_dir = repo / ".git" if (repo / ".git").is_dir() else repo
+    with (git_dir / "infraops-worktrees.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def worktree_remove(repo: Path, path: Path) -> None:
@@ -423,16 +453,17 @@ def worktree_remove(repo: Path, path: Path) -> None:
     is not a linked worktree of ``repo``: the check guards against deleting the wrong tree.
     """
     target = path.resolve()
-    if target.exists():
-        if target not in _linked_worktrees(repo):
-            raise GitError(f"{path} is not a worktree of {repo}; refusing to delete it.")
-        # Deleted by us rather than by `git worktree remove`, which refuses a tree with
-        # changes unless forced.
-        try:
-            shutil.rmtree(target)
-        except OSError as exc:
-            raise GitError(f"could not delete worktree {path}: {exc}") from exc
-    git(repo, "worktree", "prune")
+    with _worktree_lock(repo):
+        if target.exists():
+            if target not in _linked_worktrees(repo):
+                raise GitError(f"{path} is not a worktree of {repo}; refusing to delete it.")
+            # Deleted by us rather than by `git worktree remove`, which refuses a tree with
+            # changes unless forced.
+            try:
+                shutil.rmtree(target)
+            except OSError as exc:
+                raise GitError(f"could not delete worktree {path}: {exc}") from exc
+        git(repo, "worktree", "prune")
 
 
 def _linked_worktrees(repo: Path) -> set[Path]:

@@ -236,6 +236,8 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
     _record_probe_files(experiment, probes)
     identity = sandbox.sandbox_identity()
     trees = {str(side): workdir / side for side in SIDES}
+    # One after the other: concurrent `git worktree add` in one repository races on its
+    # worktree records ("failed to read worktrees/baseline/commondir", seen here).
     for side, path in trees.items():
         commit = experiment.baseline_commit if side == "baseline" else experiment.candidate_commit
         gitops.worktree_add(repo, path, commit)
@@ -252,13 +254,8 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
 
 def _record_probe_files(experiment: Experiment, probes: Sequence[Probe]) -> None:
     """Git blob ids of every probe file at the baseline: which probe code produced the data."""
-    ids: dict[str, str | None] = {"infraops.toml": None}
-    for path in ids.keys() | {f for p in probes for f in p.files}:
-        try:
-            ids[path] = gitops.rev_parse(experiment.target.clone_path,
-                                         f"{experiment.baseline_commit}:{path}")
-        except gitops.GitError:
-            ids[path] = None
+    paths = sorted({"infraops.toml"} | {f for p in probes for f in p.files})
+    ids = gitops.blob_ids(experiment.target.clone_path, experiment.baseline_commit, paths)
     Experiment.objects.filter(pk=experiment.pk).update(probe_files=ids)
 
 

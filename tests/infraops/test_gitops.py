@@ -516,3 +516,36 @@ def test_a_push_that_is_not_a_fast_forward_is_rejected(tmp_path: Path) -> None:
 
     assert "rejected" in caught.value.args[0]
     assert gitops.rev_parse(remote, "main") == theirs
+
+
+def test_worktrees_added_and_removed_concurrently_in_one_repository_all_succeed(
+    tmp_path: Path,
+) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    repo = tmp_path / "clone.git"
+    gitops.repo_clone_bare(str(_origin(tmp_path)), repo)
+    base = gitops.rev_parse(repo, "refs/heads/main")
+
+    def cycle(n: int) -> bool:
+        path = tmp_path / f"tree-{n}" / ("baseline" if n % 2 else "candidate")
+        gitops.worktree_add(repo, path, base)
+        ok = (path / "README.md").exists() or any(path.iterdir())
+        gitops.worktree_remove(repo, path)
+        return ok and not path.exists()
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(cycle, range(24)))
+
+    assert results == [True] * 24
+    assert gitops.git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def test_blob_ids_names_each_present_path_and_none_for_absent_ones(tmp_path: Path) -> None:
+    repo = _origin(tmp_path, {"a.txt": "alpha\n", "dir/b.txt": "beta\n"})
+    ids = gitops.blob_ids(repo, "refs/heads/main", ["a.txt", "dir/b.txt", "missing.txt", "dir"])
+
+    assert ids["a.txt"] == gitops.git(repo, "rev-parse", "refs/heads/main:a.txt").strip()
+    assert ids["dir/b.txt"] == gitops.git(repo, "rev-parse", "refs/heads/main:dir/b.txt").strip()
+    assert ids["missing.txt"] is None
+    assert ids["dir"] is not None  # a folder has a tree id
