@@ -57,9 +57,11 @@ class SequencedLogConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
             message = json.loads(text_data or "{}")
-            after = int(message.get("after", 0))
-        except (ValueError, TypeError, AttributeError):
+            after = message.get("after", 0)
+        except (ValueError, AttributeError):
             return  # a malformed message asks for nothing
+        if not isinstance(after, int) or isinstance(after, bool):
+            return
         self.last_sent = max(after, 0)
         await self._send_new()
 

@@ -24,8 +24,19 @@ class _ConfigError(Exception):
 env = environ.Env()
 
 
+TRUE_WORDS = {"1", "true", "yes", "on"}
+FALSE_WORDS = {"0", "false", "no", "off", ""}
+
+
 def _read(name: str, kind: str, default: Any) -> Any:
     """One variable, parsed; a bad value becomes one sentence naming it."""
+    if kind == "bool":
+        # django-environ reads any unknown word as False: 'INFRAOPS_SECURE=yess' must not
+        # quietly turn the HTTPS settings off.
+        raw = env.str(name, default=str(default)).strip().lower()
+        if raw not in TRUE_WORDS | FALSE_WORDS:
+            raise _ConfigError(f"{name}={raw!r} is not a valid bool (use true or false).")
+        return raw in TRUE_WORDS
     try:
         return getattr(env, kind)(name, default=default)
     except Exception as exc:  # django-environ raises several types for bad values
@@ -82,8 +93,6 @@ try:
     INFRAOPS_MODEL = _read("INFRAOPS_MODEL", "str", "")
     # Seconds; the longest Celery task limit. The broker's visibility timeout is 1.5x of it.
     TASK_TIME_LIMIT = _read("INFRAOPS_TASK_TIME_LIMIT", "int", 3600)
-    # Trusted mode runs probes unconfined when no sandbox can be had; the UI warns about it.
-    SANDBOX_TRUSTED_MODE = _read("INFRAOPS_SANDBOX_TRUSTED", "bool", False)
     SECURE = _read("INFRAOPS_SECURE", "bool", False)
     if not SECRET_KEY:
         # `manage.py standalone` keeps a generated key in the data folder; production sets one.

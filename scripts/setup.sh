@@ -23,8 +23,12 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.requirements-$(cat requirements.txt requirements-dev.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-  .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -r requirements-dev.txt
+  echo "Installing Python packages into .venv (log: .venv/pip.log)"
+  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -r requirements-dev.txt; } \
+      > .venv/pip.log 2>&1; then
+    tail -n 30 .venv/pip.log >&2
+    exit 1
+  fi
   rm -f .venv/.requirements-* && touch "$stamp"
 fi
 

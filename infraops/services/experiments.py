@@ -35,6 +35,7 @@ from infraops.models import Experiment, ProbeExecution, Sample, Target, variant_
 from infraops.services.results import (
     LogStream,
     artifacts_store,
+    printable,
     read_metrics,
     samples_copy,
 )
@@ -309,8 +310,8 @@ def _record(
             defaults={
                 "exit_code": result.exit_code, "reason": result.reason, "detail": "",
                 "wall_seconds": result.wall_seconds,
-                "stdout": result.stdout[-KEPT_OUTPUT_BYTES:].decode("utf-8", "replace"),
-                "stderr": result.stderr[-KEPT_OUTPUT_BYTES:].decode("utf-8", "replace"),
+                "stdout": printable(result.stdout[-KEPT_OUTPUT_BYTES:]),
+                "stderr": printable(result.stderr[-KEPT_OUTPUT_BYTES:]),
             },
         )
         if not created:

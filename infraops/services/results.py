@@ -68,7 +68,7 @@ def read_metrics(path: Path, limit: int = METRICS_LINES_LIMIT) -> tuple[list[Met
                 continue
             try:
                 rows.append(_metric_row(json.loads(line)))
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, ArithmeticError) as exc:
                 problems.append(f"metrics.jsonl line {number} skipped: {exc}")
     return rows, problems[:20]
 
@@ -82,8 +82,17 @@ def _metric_row(raw: object) -> MetricRow:
     labels = raw.get("labels", {})
     if not isinstance(labels, dict):
         raise ValueError("labels must be an object")
-    return MetricRow(name=str(raw["name"])[:100], value=value, unit=str(raw.get("unit", ""))[:40],
-                     case=str(raw.get("case", ""))[:200], labels=labels)
+    texts = [str(raw["name"]), str(raw.get("unit", "")), str(raw.get("case", "")),
+             json.dumps(labels)]
+    if any("\x00" in text or "\\u0000" in text for text in texts):
+        raise ValueError("NUL characters are not allowed in names, units, cases or labels")
+    return MetricRow(name=texts[0][:100], value=value, unit=texts[1][:40], case=texts[2][:200],
+                     labels=labels)
+
+
+def printable(data: bytes) -> str:
+    """Probe output as text PostgreSQL can store: undecodable bytes replaced, NUL shown."""
+    return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
 
 
 SAMPLE_COLUMNS = ("execution_id", "experiment_id", "probe", "side", "variant", "metric",
@@ -146,7 +155,7 @@ class LogStream:
 
     def __call__(self, stream: str, chunk: bytes) -> None:
         with self._lock:
-            self._pending.append((stream, chunk.decode("utf-8", "replace")))
+            self._pending.append((stream, printable(chunk)))
         if time.monotonic() - self._last_flush >= LOG_FLUSH_SECONDS:
             self.flush()
 

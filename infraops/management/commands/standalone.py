@@ -8,6 +8,7 @@ production, as children. Ctrl-C or SIGTERM stops them all; a second start reuses
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 import signal
@@ -33,12 +34,23 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 1 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1 to 65535)")
+    return port
+
+
 class Command(BaseCommand):
     help = "Run InfraOps on this machine: database, Redis, web, workers, example target."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--port", type=port_number, default=8000)
         parser.add_argument("--concurrency", type=int, default=2, help="Worker processes.")
         parser.add_argument("--no-example", action="store_true")
 
@@ -57,6 +69,7 @@ class Command(BaseCommand):
             env["DATABASE_URL"] = os.environ.get("DATABASE_URL") or self._embedded_postgres(data)
             env["REDIS_URL"] = os.environ.get("REDIS_URL") or self._embedded_redis(data)
             self._manage(env, "migrate", "--no-input", "-v", "0")
+            self._manage(env, "collectstatic", "--no-input", "-v", "0")
             self._first_users(env)
             if not options["no_example"]:
                 self._manage(env, "load_example")

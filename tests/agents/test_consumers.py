@@ -1,0 +1,200 @@
+"""agents/consumers.py through infraops.asgi.application: who may open a run's socket, and
+which rendered event rows it sends (after N on request, new rows when an event is appended).
+
+The run is made with the ORM rather than agents.services.run_start, which would send a real
+Celery task to the test broker. Events are appended with agents.events.run_event in committed
+transactions, so the notification goes through the real Redis channel layer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
+from django.db import connections
+from django.db.backends.signals import connection_created
+from django.test import Client
+
+from agents.events import run_event
+from agents.models import AgentRun
+from infraops.asgi import application
+from infraops.models import Goal
+from tests.conftest import UserFactory
+
+# serialized_rollback: the flush after each test would drop the role groups that a data
+# migration made, which the next test needs.
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+
+ORIGIN = (b"origin", b"http://localhost")
+TIMEOUT = 5
+
+
+def run_async(scenario: Callable[[], Awaitable[Any]]) -> Any:
+    return async_to_sync(scenario)()
+
+
+def session_headers(user: User | None, origin: tuple[bytes, bytes] = ORIGIN
+                    ) -> list[tuple[bytes, bytes]]:
+    headers = [origin]
+    if user is not None:
+        client = Client()
+        client.force_login(user)
+        headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
+    return headers
+
+
+@pytest.fixture(autouse=True)
+def close_thread_connections() -> Iterator[None]:
+    """The consumer's database calls may run on other threads, each with its own connection,
+    which would outlive the test and block dropping the test database: close them."""
+    made: list[Any] = []
+
+    def record(sender: Any, connection: Any, **kwargs: Any) -> None:
+        made.append(connection)
+
+    connection_created.connect(record, dispatch_uid="test_consumers")
+    yield
+    connection_created.disconnect(dispatch_uid="test_consumers")
+    for wrapper in made:
+        if wrapper is not connections["default"] and wrapper.connection is not None:
+            wrapper.connection.close()
+
+
+def seqs(html: str) -> list[int]:
+    return [int(n) for n in re.findall(r'data-seq="(\d+)"', html)]
+
+
+@pytest.fixture
+def run(example_goal: Goal, engineer: User) -> AgentRun:
+    target = example_goal.target
+    made = AgentRun.objects.create(
+        goal_version=example_goal.versions.latest("number"), target=target,
+        policy=example_goal.policy, started_by=engineer, base_commit=target.manifest_commit,
+        manifest_sha256=target.manifest_sha256,
+    )
+    for message in ("Run started.", "Step 1: batch_size 4.", "<script>alert(1)</script>"):
+        run_event(run_id=made.pk, kind="status", message=message)
+    return made
+
+
+def connect(run_id: int, headers: list[tuple[bytes, bytes]]) -> tuple[bool, Any]:
+    async def scenario() -> tuple[bool, Any]:
+        communicator = WebsocketCommunicator(application, f"/ws/runs/{run_id}/", headers=headers)
+        connected, detail = await communicator.connect(timeout=TIMEOUT)
+        if connected:
+            await communicator.disconnect()
+        return connected, detail
+
+    return run_async(scenario)
+
+
+def test_an_anonymous_socket_is_refused(run: AgentRun) -> None:
+    assert connect(run.pk, session_headers(None)) == (False, 4403)
+
+
+def test_a_user_with_no_role_is_refused(run: AgentRun) -> None:
+    nobody = UserFactory.create(username="nora", roles=[])
+
+    assert connect(run.pk, session_headers(nobody)) == (False, 4403)
+
+
+def test_a_viewer_is_refused_for_a_run_that_does_not_exist(run: AgentRun, viewer: User) -> None:
+    assert connect(run.pk + 1000, session_headers(viewer)) == (False, 4403)
+
+
+def test_a_foreign_origin_is_refused_even_with_a_session(run: AgentRun, viewer: User) -> None:
+    connected, _ = connect(run.pk, session_headers(viewer, (b"origin", b"http://evil.example")))
+
+    assert connected is False
+
+
+def test_a_viewer_is_accepted(run: AgentRun, viewer: User) -> None:
+    assert connect(run.pk, session_headers(viewer)) == (True, None)
+
+
+def test_after_zero_returns_every_event_row_of_the_run(run: AgentRun, viewer: User) -> None:
+    async def scenario() -> str:
+        communicator = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/",
+                                             headers=session_headers(viewer))
+        assert (await communicator.connect(timeout=TIMEOUT))[0]
+        await communicator.send_json_to({"after": 0})
+        html = await communicator.receive_from(timeout=TIMEOUT)
+        assert await communicator.receive_nothing(timeout=0.5)
+        await communicator.disconnect()
+        return str(html)
+
+    html = run_async(scenario)
+
+    assert seqs(html) == [1, 2, 3]
+    assert "Run started." in html and "Step 1: batch_size 4." in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "<script>" not in html
+    assert 'id="run-events"' in html and 'id="run-status"' in html
+
+
+def test_a_new_event_sends_only_its_row_to_a_socket_that_is_up_to_date(
+    run: AgentRun, viewer: User
+) -> None:
+    append = sync_to_async(run_event)
+
+    async def scenario() -> tuple[bool, str, bool]:
+        communicator = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/",
+                                             headers=session_headers(viewer))
+        assert (await communicator.connect(timeout=TIMEOUT))[0]
+        await communicator.send_json_to({"after": 3})
+        caught_up = await communicator.receive_nothing(timeout=0.5)
+        await append(run_id=run.pk, kind="step", message="Step 2: batch_size 8.")
+        html = await communicator.receive_from(timeout=TIMEOUT)
+        nothing_more = await communicator.receive_nothing(timeout=0.5)
+        await communicator.disconnect()
+        return caught_up, str(html), nothing_more
+
+    caught_up, html, nothing_more = run_async(scenario)
+
+    assert caught_up  # nothing after 3 until the new event
+    assert seqs(html) == [4]
+    assert "Step 2: batch_size 8." in html
+    assert "Run started." not in html
+    assert nothing_more  # the notification does not send the row a second time
+
+
+def test_after_n_sends_only_the_rows_after_n(run: AgentRun, viewer: User) -> None:
+    async def scenario() -> str:
+        communicator = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/",
+                                             headers=session_headers(viewer))
+        assert (await communicator.connect(timeout=TIMEOUT))[0]
+        await communicator.send_json_to({"after": 1})
+        html = await communicator.receive_from(timeout=TIMEOUT)
+        await communicator.disconnect()
+        return str(html)
+
+    assert seqs(run_async(scenario)) == [2, 3]
+
+
+@pytest.mark.parametrize("malformed", [
+    "not json", '{"after": "x"}', "[1, 2]", "null", '{"after": NaN}',
+    '{"after": 1e999}',
+])
+def test_a_malformed_message_gets_no_reply_and_keeps_the_socket_open(
+    run: AgentRun, viewer: User, malformed: str
+) -> None:
+    async def scenario() -> tuple[bool, str]:
+        communicator = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/",
+                                             headers=session_headers(viewer))
+        assert (await communicator.connect(timeout=TIMEOUT))[0]
+        await communicator.send_to(text_data=malformed)
+        silent = await communicator.receive_nothing(timeout=0.5)
+        await communicator.send_json_to({"after": 2})
+        html = await communicator.receive_from(timeout=TIMEOUT)
+        await communicator.disconnect()
+        return silent, str(html)
+
+    silent, html = run_async(scenario)
+
+    assert silent  # no reply, and no close message either
+    assert seqs(html) == [3]  # the socket still answers

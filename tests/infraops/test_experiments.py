@@ -1,0 +1,473 @@
+"""infraops/services/experiments.py run in-process (no Celery worker): request, claim with a
+lease, sandboxed probes with interleaved sides, stored samples, reaping and poison experiments;
+and the target page for a target whose manifest is broken."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.utils import timezone
+
+from agents.models import AgentRun
+from infraops import gitops, sandbox
+from infraops.models import Experiment, Goal, ProbeExecution, Sample, Target
+from infraops.services.experiments import (
+    experiment_claim,
+    experiment_execute,
+    experiment_request,
+    experiments_reap,
+)
+from infraops.services.results import read_metrics
+from infraops.services.targets import target_register
+from tests.conftest import make_origin
+
+WORKER = "test:1"
+
+
+def candidate_commit(target: Target, data_dir: Path, batch_size: int = 8) -> str:
+    """A commit on top of the target's base that changes batch_size, as an agent would make."""
+    tree = data_dir / f"candidate-{uuid.uuid4().hex[:8]}"
+    gitops.worktree_add(target.clone_path, tree, target.manifest_commit)
+    config = tree / "config" / "serving.toml"
+    config.write_text(re.sub(r"(?m)^batch_size = \d+$", f"batch_size = {batch_size}",
+                             config.read_text()))
+    sha = gitops.commit_all(tree, f"batch_size {batch_size}", author_name="Test",
+                            author_email="test@example.com")
+    gitops.worktree_remove(target.clone_path, tree)
+    assert sha is not None
+    return sha
+
+
+@pytest.fixture
+def request_experiment(
+    django_capture_on_commit_callbacks: Callable, data_dir: Path,
+) -> Callable[..., Experiment]:
+    """experiment_request on a fresh candidate commit (config/ changed, which latency-bench
+    covers), with its after-commit send captured: nothing reaches a broker."""
+
+    def make(target: Target) -> Experiment:
+        candidate = candidate_commit(target, data_dir)
+        with django_capture_on_commit_callbacks(execute=False) as callbacks:
+            experiment = experiment_request(target=target, candidate_commit=candidate,
+                                            baseline_commit=target.manifest_commit,
+                                            origin="test")
+        assert len(callbacks) == 1  # the task is sent after commit, once
+        return experiment
+
+    return make
+
+
+def register_variant(tmp_path: Path, source: Path, name: str, **fields: str) -> Target:
+    """Register a copy of the example whose latency-bench probe has other `fields`."""
+    manifest = source / "infraops.toml"
+    text = manifest.read_text()
+    for key, value in fields.items():
+        text, count = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}".replace("\\", r"\\"),
+                              text, count=1)
+        assert count == 1, key
+    manifest.write_text(text)
+    return target_register(name=name, repo_url=str(make_origin(tmp_path, source, f"{name}.git")),
+                           base_branch="main")
+
+
+# --------------------------------------------------------------------------- a full experiment
+
+
+@pytest.fixture
+def finished_experiment(
+    example_target: Target, request_experiment: Callable[..., Experiment]
+) -> Experiment:
+    experiment = request_experiment(example_target)
+    result = experiment_execute(experiment_id=experiment.pk, worker=WORKER)
+    assert result is not None
+    return result
+
+
+def test_an_experiment_on_a_candidate_commit_succeeds(finished_experiment: Experiment) -> None:
+    assert finished_experiment.status == Experiment.Status.SUCCEEDED, (
+        finished_experiment.failure_reason)
+    assert finished_experiment.failure_reason == ""
+    assert finished_experiment.attempts == 1
+    assert finished_experiment.claimed_by == WORKER
+    assert finished_experiment.finished_at is not None
+    assert finished_experiment.lease_expires_at is None
+
+
+def test_probe_executions_alternate_baseline_and_candidate_per_repeat(
+    finished_experiment: Experiment,
+) -> None:
+    executions = list(finished_experiment.executions.order_by("id"))
+
+    assert len(executions) == 10  # latency-bench: repeat = 5, two sides
+    assert [e.side for e in executions] == ["baseline", "candidate"] * 5
+    assert [e.repeat_index for e in executions] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert {e.probe for e in executions} == {"latency-bench"}
+    assert all(e.reason == "ok" and e.exit_code == 0 for e in executions)
+    assert all(e.attempt == 1 for e in executions)
+    assert "batch_size=2" in executions[0].stdout
+    assert "batch_size=8" in executions[1].stdout
+
+
+def test_samples_are_stored_for_both_sides(finished_experiment: Experiment) -> None:
+    for side in ("baseline", "candidate"):
+        samples = Sample.objects.filter(experiment=finished_experiment, side=side)
+        assert samples.count() == 5
+        assert all(s.metric == "latency_ms" and s.unit == "ms" and s.value > 0 for s in samples)
+    candidate_labels = Sample.objects.filter(experiment=finished_experiment, side="candidate")
+    assert {s.labels["batch_size"] for s in candidate_labels} == {8}
+
+
+def test_the_summary_compares_the_medians_of_latency(finished_experiment: Experiment) -> None:
+    comparisons = finished_experiment.summary["comparisons"]
+    latency = [c for c in comparisons if c["metric"] == "latency_ms"]
+
+    assert finished_experiment.summary["attempt"] == 1
+    assert len(latency) == 1
+    row = latency[0]
+    assert row["probe"] == "latency-bench"
+    assert row["baseline_n"] == row["candidate_n"] == 5
+    assert row["baseline_median"] > 0 and row["candidate_median"] > 0
+    assert row["ratio"] == pytest.approx(row["candidate_median"] / row["baseline_median"])
+
+
+def test_the_manifest_hash_is_recorded(
+    finished_experiment: Experiment, example_target: Target
+) -> None:
+    assert re.fullmatch(r"[0-9a-f]{64}", finished_experiment.manifest_sha256)
+    assert finished_experiment.manifest_sha256 == example_target.manifest_sha256
+
+
+def test_the_worktrees_and_outputs_are_cleaned_up(
+    finished_experiment: Experiment, example_target: Target, data_dir: Path
+) -> None:
+    assert gitops._linked_worktrees(example_target.clone_path) == set()
+    assert not (data_dir / "work" / f"exp-{finished_experiment.pk}-a1").exists()
+
+
+def test_executing_a_finished_experiment_again_does_nothing(
+    finished_experiment: Experiment,
+) -> None:
+    executions, samples = ProbeExecution.objects.count(), Sample.objects.count()
+
+    again = experiment_execute(experiment_id=finished_experiment.pk, worker="test:2")
+
+    assert again is None
+    assert ProbeExecution.objects.count() == executions
+    assert Sample.objects.count() == samples
+    finished_experiment.refresh_from_db()
+    assert finished_experiment.status == Experiment.Status.SUCCEEDED
+    assert finished_experiment.attempts == 1
+    assert finished_experiment.claimed_by == WORKER
+
+
+# --------------------------------------------------------------------------- leases
+
+
+def test_a_second_worker_cannot_claim_while_the_lease_is_live(
+    example_target: Target, request_experiment: Callable[..., Experiment]
+) -> None:
+    experiment = request_experiment(example_target)
+
+    first = experiment_claim(experiment_id=experiment.pk, worker=WORKER)
+    second = experiment_claim(experiment_id=experiment.pk, worker="test:2")
+
+    assert first is not None
+    assert first.status == Experiment.Status.RUNNING
+    assert first.attempts == 1
+    assert first.lease_expires_at is not None and first.lease_expires_at > timezone.now()
+    assert second is None
+    experiment.refresh_from_db()
+    assert experiment.claimed_by == WORKER
+
+
+def test_an_expired_lease_is_reaped_and_the_next_claim_is_a_new_attempt(
+    example_target: Target, request_experiment: Callable[..., Experiment],
+    django_capture_on_commit_callbacks: Callable,
+) -> None:
+    experiment = request_experiment(example_target)
+    assert experiment_claim(experiment_id=experiment.pk, worker=WORKER) is not None
+    assert experiments_reap() == []  # a live lease is left alone
+
+    Experiment.objects.filter(pk=experiment.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1))
+    with django_capture_on_commit_callbacks(execute=False) as sends:
+        reaped = experiments_reap()
+    claimed = experiment_claim(experiment_id=experiment.pk, worker="test:2")
+
+    assert reaped == [experiment.pk]
+    assert len(sends) == 1  # re-sent after commit
+    assert claimed is not None
+    assert claimed.attempts == 2
+    assert claimed.claimed_by == "test:2"
+    assert claimed.lease_expires_at is not None and claimed.lease_expires_at > timezone.now()
+
+
+def test_an_experiment_queued_for_long_is_re_sent_by_the_reaper(
+    example_target: Target, request_experiment: Callable[..., Experiment],
+    django_capture_on_commit_callbacks: Callable,
+) -> None:
+    fresh = request_experiment(example_target)
+    old = request_experiment(example_target)
+    Experiment.objects.filter(pk=old.pk).update(
+        enqueued_at=timezone.now() - timedelta(minutes=10))
+
+    with django_capture_on_commit_callbacks(execute=False) as sends:
+        reaped = experiments_reap()
+
+    assert reaped == [old.pk]
+    assert len(sends) == 1
+    fresh.refresh_from_db()
+    assert fresh.status == Experiment.Status.QUEUED
+
+
+def test_a_live_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(
+    example_target: Target, request_experiment: Callable[..., Experiment],
+) -> None:
+    experiment = request_experiment(example_target)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    Experiment.objects.filter(pk=experiment.pk).update(
+        status=Experiment.Status.RUNNING, attempts=1,
+        claimed_by=f"{socket.gethostname()}:{dead.pid}",
+        lease_expires_at=timezone.now() + timedelta(minutes=1))
+
+    claimed = experiment_claim(experiment_id=experiment.pk, worker="test:2")
+
+    assert claimed is not None
+    assert claimed.claimed_by == "test:2"
+    assert claimed.attempts == 2
+
+
+def test_a_poison_experiment_is_failed_on_its_next_claim(
+    example_target: Target, request_experiment: Callable[..., Experiment]
+) -> None:
+    experiment = request_experiment(example_target)
+    Experiment.objects.filter(pk=experiment.pk).update(
+        status=Experiment.Status.RUNNING, max_attempts=2, attempts=2, claimed_by="dead:1",
+        lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+    result = experiment_execute(experiment_id=experiment.pk, worker=WORKER)
+
+    assert result is None
+    experiment.refresh_from_db()
+    assert experiment.status == Experiment.Status.FAILED
+    assert "poison" in experiment.failure_reason
+    assert experiment.attempts == 2
+    assert experiment.lease_expires_at is None
+    assert not experiment.executions.exists()
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def test_a_probe_that_exits_non_zero_fails_the_experiment_and_names_the_probe(
+    tmp_path: Path, example_source: Path, db: None,
+    request_experiment: Callable[..., Experiment],
+) -> None:
+    target = register_variant(tmp_path, example_source, "exits-three",
+                              command="'python3 -c \"import sys; sys.exit(3)\"'")
+    experiment = request_experiment(target)
+
+    result = experiment_execute(experiment_id=experiment.pk, worker=WORKER)
+
+    assert result is not None
+    assert result.status == Experiment.Status.FAILED
+    assert "latency-bench" in result.failure_reason
+    assert "status 3" in result.failure_reason
+    execution = result.executions.get()  # the first failure stops the rest
+    assert execution.exit_code == 3
+    assert execution.reason == "exit"
+
+
+def test_without_a_sandbox_the_experiment_fails_and_nothing_runs_unconfined(
+    example_target: Target, data_dir: Path, request_experiment: Callable[..., Experiment],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sandbox, "BWRAP", str(data_dir / "no-such-bwrap"))
+    monkeypatch.setattr(sandbox, "_check_cache", {})
+    experiment = request_experiment(example_target)
+
+    result = experiment_execute(experiment_id=experiment.pk, worker=WORKER)
+
+    assert result is not None
+    assert result.status == Experiment.Status.FAILED
+    assert "sandbox" in result.failure_reason.lower()
+    assert "bwrap" in result.failure_reason
+    assert not ProbeExecution.objects.filter(experiment=result).exists()
+    assert not Sample.objects.filter(experiment=result).exists()
+
+
+def test_a_malformed_metrics_line_is_skipped_and_named_while_good_lines_are_stored(
+    tmp_path: Path, example_source: Path, db: None,
+    request_experiment: Callable[..., Experiment],
+) -> None:
+    good = json.dumps({"name": "latency_ms", "value": 1.5, "unit": "ms"})
+    script = (f"echo 'not json' > $INFRAOPS_OUT/metrics.jsonl; "
+              f"echo '{good}' >> $INFRAOPS_OUT/metrics.jsonl")
+    target = register_variant(tmp_path, example_source, "half-bad-metrics",
+                              command=json.dumps(script), repeat="1")
+    experiment = request_experiment(target)
+
+    result = experiment_execute(experiment_id=experiment.pk, worker=WORKER)
+
+    assert result is not None
+    assert result.status == Experiment.Status.SUCCEEDED, result.failure_reason
+    executions = list(result.executions.order_by("id"))
+    assert len(executions) == 2
+    for execution in executions:
+        assert "metrics.jsonl line 1 skipped" in execution.detail
+        assert [(s.metric, s.value) for s in execution.samples.all()] == [("latency_ms", 1.5)]
+
+
+def test_a_probe_printing_a_nul_byte_is_still_recorded(
+    tmp_path: Path, example_source: Path, db: None,
+    request_experiment: Callable[..., Experiment],
+) -> None:
+    good = json.dumps({"name": "latency_ms", "value": 1.5, "unit": "ms"})
+    script = f"printf 'binary\\000output'; echo '{good}' > $INFRAOPS_OUT/metrics.jsonl"
+    target = register_variant(tmp_path, example_source, "nul-stdout",
+                              command=json.dumps(script), repeat="1")
+    experiment = request_experiment(target)
+
+    result = experiment_execute(experiment_id=experiment.pk, worker=WORKER)
+
+    assert result is not None
+    assert result.status == Experiment.Status.SUCCEEDED, result.failure_reason
+    assert all(e.stdout.startswith("binary") for e in result.executions.all())
+
+
+def test_a_metric_with_a_nul_character_does_not_lose_the_good_rows(
+    tmp_path: Path, example_source: Path, db: None,
+    request_experiment: Callable[..., Experiment],
+) -> None:
+    (example_source / "bench" / "nul_metric.py").write_text(
+        "import json, os\n"
+        "with open(os.path.join(os.environ['INFRAOPS_OUT'], 'metrics.jsonl'), 'w') as out:\n"
+        "    out.write(json.dumps({'name': 'latency_ms', 'value': 1.5}) + '\\n')\n"
+        "    out.write(json.dumps({'name': 'lat\\u0000ency', 'value': 2.0,\n"
+        "                          'labels': {'k': 'v\\u0000'}}) + '\\n')\n"
+    )
+    target = register_variant(tmp_path, example_source, "nul-metric",
+                              command='"python3 bench/nul_metric.py"', repeat="1")
+    experiment = request_experiment(target)
+
+    result = experiment_execute(experiment_id=experiment.pk, worker=WORKER)
+
+    assert result is not None
+    assert result.status == Experiment.Status.SUCCEEDED, result.failure_reason
+    assert Sample.objects.filter(experiment=result, metric="latency_ms").count() == 2
+
+
+GOOD_LINE = json.dumps({"name": "latency_ms", "value": 2.5, "unit": "ms", "case": "c1",
+                        "labels": {"batch": 4}})
+
+
+@pytest.mark.parametrize(("bad_line", "problem"), [
+    ("not json", "line 2 skipped"),
+    ('["a list"]', "not a JSON object"),
+    ('{"name": "latency_ms", "unit": "ms"}', "'value'"),
+    ('{"value": 1.0}', "'name'"),
+    ('{"name": "latency_ms", "value": "nan"}', "not a finite number"),
+    ('{"name": "latency_ms", "value": Infinity}', "not a finite number"),
+    ('{"name": "latency_ms", "value": "fast"}', "line 2 skipped"),
+    ('{"name": "latency_ms", "value": 1, "labels": ["x"]}', "labels must be an object"),
+    ('{"name": "latency_ms", "value": 1' + "0" * 400 + "}", "line 2 skipped"),
+])
+def test_read_metrics_skips_a_malformed_line_and_names_it(
+    tmp_path: Path, bad_line: str, problem: str
+) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(f"{GOOD_LINE}\n{bad_line}\n\n{GOOD_LINE}\n")
+
+    rows, problems = read_metrics(path)
+
+    assert rows == [{"name": "latency_ms", "value": 2.5, "unit": "ms", "case": "c1",
+                     "labels": {"batch": 4}}] * 2
+    assert len(problems) == 1
+    assert problems[0].startswith("metrics.jsonl line 2 skipped")
+    assert problem in problems[0]
+
+
+def test_read_metrics_says_when_the_file_is_missing(tmp_path: Path) -> None:
+    rows, problems = read_metrics(tmp_path / "metrics.jsonl")
+
+    assert rows == []
+    assert problems == ["metrics.jsonl is missing: the probe reported no metrics"]
+
+
+def test_read_metrics_does_not_follow_a_link_the_probe_planted(tmp_path: Path) -> None:
+    secret = tmp_path / "host-file.jsonl"
+    secret.write_text(f"{GOOD_LINE}\n")
+    (tmp_path / "metrics.jsonl").symlink_to(secret)
+
+    rows, problems = read_metrics(tmp_path / "metrics.jsonl")
+
+    assert rows == []
+    assert problems == ["metrics.jsonl is not a regular file: the probe reported no metrics"]
+
+
+def test_read_metrics_stops_at_the_line_limit(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(f"{GOOD_LINE}\n" * 5)
+
+    rows, problems = read_metrics(path, limit=3)
+
+    assert len(rows) == 3
+    assert problems == ["metrics.jsonl: only the first 3 lines were read"]
+
+
+# --------------------------------------------------------------------------- the target page
+
+
+@pytest.fixture
+def broken_target(tmp_path: Path, example_source: Path, db: None) -> Target:
+    manifest = example_source / "infraops.toml"
+    lines = manifest.read_text().splitlines()
+    lines.insert(4, "this line is not toml")  # line 5
+    manifest.write_text("\n".join(lines) + "\n")
+    return target_register(name="broken-manifest",
+                           repo_url=str(make_origin(tmp_path, example_source, "broken.git")),
+                           base_branch="main")
+
+
+def test_a_target_with_a_broken_manifest_shows_its_problems_with_the_line(
+    broken_target: Target, viewer: User
+) -> None:
+    client = Client()
+    client.force_login(viewer)
+
+    response = client.get(f"/targets/{broken_target.name}/")
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "infraops.toml has problems" in page
+    assert "line 5" in page
+    assert "TOML syntax error" in page
+    assert broken_target.manifest() is None
+
+
+def test_starting_a_run_on_a_broken_manifest_redirects_back_with_the_error(
+    broken_target: Target, engineer: User
+) -> None:
+    goal = Goal.objects.create(target=broken_target, name="latency", probe="latency-bench",
+                               metric="latency_ms", owner=engineer)
+    client = Client()
+    client.force_login(engineer)
+
+    response = client.post(f"/goals/{goal.pk}/runs/", follow=True)
+
+    assert response.redirect_chain == [(f"/targets/{broken_target.name}/", 302)]
+    page = response.content.decode()
+    assert "infraops.toml is invalid" in page
+    assert "line 5" in page
+    assert not AgentRun.objects.exists()

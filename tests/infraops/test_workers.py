@@ -1,0 +1,85 @@
+"""infraops/workers.py: worker heartbeats in Redis, and the sentence shown when none beats.
+
+Each test uses its own queue names so that real workers on the same Redis never interfere."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from infraops import workers
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A unique first part of queue names: '<prefix>.gpu' still means 'needs a gpu'."""
+    return f"test{uuid.uuid4().hex[:12]}"
+
+
+def test_with_no_worker_beating_it_says_which_worker_to_start(prefix: str) -> None:
+    queue = f"{prefix}.gpu"
+
+    message = workers.missing_worker_message(queue)
+
+    assert message is not None
+    assert message.startswith("Waiting for a worker with gpu")
+    assert f"-Q {queue}" in message
+
+
+def test_a_queue_without_hardware_asks_for_any_worker(prefix: str) -> None:
+    message = workers.missing_worker_message(prefix)
+
+    assert message is not None
+    assert message.startswith("Waiting for a worker:")
+
+
+def test_a_beating_worker_silences_the_message_for_its_queues_only(prefix: str) -> None:
+    workers.worker_beat(name="w1", queues=[f"{prefix}.gpu"])
+
+    assert workers.missing_worker_message(f"{prefix}.gpu") is None
+    assert f"{prefix}.gpu" in (workers.live_queues() or set())
+    assert workers.missing_worker_message(f"{prefix}.tpu") is not None
+
+
+def test_a_worker_that_stops_beating_disappears_after_the_ttl(
+    prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workers, "TTL", 1)
+    workers.worker_beat(name="w1", queues=[f"{prefix}.gpu"])
+    assert workers.missing_worker_message(f"{prefix}.gpu") is None
+
+    time.sleep(1.5)
+
+    message = workers.missing_worker_message(f"{prefix}.gpu")
+    assert message is not None
+    assert message.startswith("Waiting for a worker with gpu")
+
+
+def test_the_heartbeat_thread_beats_until_stopped(
+    prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workers, "TTL", 1)
+    monkeypatch.setattr(workers, "HEARTBEAT", 0.2)
+    beat = workers.Heartbeat("w2", [f"{prefix}.gpu"])
+    beat.start()
+    try:
+        time.sleep(1.5)  # longer than the TTL: only renewed keys are still there
+        assert workers.missing_worker_message(f"{prefix}.gpu") is None
+    finally:
+        beat.stop()
+        beat._thread.join(timeout=5)
+    assert not beat._thread.is_alive()
+
+    time.sleep(1.5)
+    assert workers.missing_worker_message(f"{prefix}.gpu") is not None
+
+
+def test_an_unreachable_redis_is_said_in_words(settings, prefix: str) -> None:
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+
+    assert workers.live_queues() is None
+    message = workers.missing_worker_message(f"{prefix}.gpu")
+    assert message is not None
+    assert "Redis cannot be reached" in message
