@@ -106,7 +106,6 @@ except _ConfigError as error:
     sys.exit(f"InfraOps configuration error: {error}")
 
 INSTALLED_APPS = [
-    "daphne",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
