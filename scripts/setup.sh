@@ -9,6 +9,8 @@ command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v chromium >/dev/null || need_apt+=(chromium)
 command -v git >/dev/null || need_apt+=(git)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+# Probes run the system's python3 inside the sandbox; correctness probes write .npy outputs.
+/usr/bin/python3 -c 'import numpy' 2>/dev/null || need_apt+=(python3-numpy)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "Installing Debian packages: ${need_apt[*]}"
   apt-get update -qq
