@@ -214,6 +214,8 @@ CELERY_TASK_DEFAULT_QUEUE = "agent"
 CELERY_TASK_ROUTES = {
     "agents.tasks.*": {"queue": "agent"},
     "infraops.tasks.experiment_execute": {"queue": "experiments"},
+    # Every installation runs agent workers (runs need them): the reaper goes there.
+    "infraops.tasks.experiments_reap": {"queue": "agent"},
 }
 CELERY_BEAT_SCHEDULE = {
     "reap-expired-leases": {"task": "infraops.tasks.experiments_reap", "schedule": 30.0},

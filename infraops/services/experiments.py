@@ -148,6 +148,19 @@ def experiment_claim(*, experiment_id: int, worker: str) -> Experiment | None:
     return experiment
 
 
+def experiment_give_up(*, experiment_id: int, worker: str, reason: str) -> bool:
+    """Fail the experiment `worker` holds, with the reason; False when it no longer holds it."""
+    with transaction.atomic():
+        failed = Experiment.objects.filter(
+            pk=experiment_id, claimed_by=worker, status=Experiment.Status.RUNNING
+        ).update(status=Experiment.Status.FAILED, failure_reason=reason,
+                 finished_at=timezone.now(), lease_expires_at=None)
+        if failed:
+            transaction.on_commit(
+                lambda: experiment_finished.send(Experiment, experiment_id=experiment_id))
+    return bool(failed)
+
+
 def _fail(experiment_id: int, reason: str) -> None:
     Experiment.objects.filter(pk=experiment_id).update(
         status=Experiment.Status.FAILED, failure_reason=reason, finished_at=timezone.now(),
@@ -209,6 +222,10 @@ def experiment_execute(*, experiment_id: int, worker: str | None = None) -> Expe
         return None
     lease = _Lease(experiment.pk, worker, experiment.attempts)
     workdir = Path(settings.DATA_DIR) / "work" / f"exp-{experiment.pk}-a{lease.attempt}"
+    # A worker killed mid-attempt leaves its checkouts behind: this attempt removes them.
+    for stale in workdir.parent.glob(f"exp-{experiment.pk}-a*"):
+        if stale != workdir:
+            _cleanup(experiment.target, stale)
     try:
         with lease.kept_alive():
             _run_probes(experiment, lease, workdir)

@@ -1,0 +1,267 @@
+"""infraops.stats on synthetic samples of known effect, and the instruction-count parsers."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infraops import stats
+from infraops.stats import compare, parse_callgrind_total, parse_perf_stat_instructions
+
+TRIALS = 200
+
+
+def lognormal(rng: np.random.Generator, median: float, cv: float, n: int) -> list[float]:
+    """Samples with the given median and (approximately) the given coefficient of variation."""
+    return rng.lognormal(math.log(median), math.sqrt(math.log1p(cv * cv)), n).tolist()
+
+
+def verdicts(effect: float, cv: float, n: int, seed: int, trials: int = TRIALS) -> list[str]:
+    """Verdicts of `trials` comparisons where the candidate's median is baseline * effect."""
+    rng = np.random.default_rng(seed)
+    return [
+        compare(lognormal(rng, 1.0, cv, n), lognormal(rng, effect, cv, n), seed=t).verdict
+        for t in range(trials)
+    ]
+
+
+def test_identical_distributions_are_not_called_a_change_at_20_percent_noise():
+    # 1000 trials, not 200: at the expected rate (~0.45%) 200 trials exceed 2 alarms 6% of
+    # the time, which would test the seed rather than the rule.
+    found = verdicts(1.0, 0.20, 20, seed=1, trials=1000)
+    false_alarms = sum(v in (stats.IMPROVED, stats.REGRESSED) for v in found)
+    assert false_alarms <= 0.01 * len(found)
+    assert found.count(stats.NO_CHANGE) == 0  # a +-1% bound is out of reach at this noise
+
+
+def test_a_10_percent_slowdown_at_5_percent_noise_is_detected_as_a_regression():
+    found = verdicts(1.10, 0.05, 20, seed=2)
+    assert found.count(stats.REGRESSED) >= 0.95 * TRIALS
+    assert stats.IMPROVED not in found
+
+
+def test_a_10_percent_speedup_at_5_percent_noise_is_detected_as_an_improvement():
+    found = verdicts(1 / 1.10, 0.05, 20, seed=3)
+    assert found.count(stats.IMPROVED) >= 0.95 * TRIALS
+    assert stats.REGRESSED not in found
+
+
+def test_maximize_flips_the_verdict():
+    rng = np.random.default_rng(4)
+    base, cand = lognormal(rng, 100.0, 0.05, 20), lognormal(rng, 120.0, 0.05, 20)
+    assert compare(base, cand, direction="minimize").verdict == stats.REGRESSED
+    higher_is_better = compare(base, cand, direction="maximize")
+    assert higher_is_better.verdict == stats.IMPROVED
+    assert higher_is_better.direction == "maximize"
+    assert higher_is_better.ratio > 1.1
+
+
+def test_the_interval_covers_the_true_ratio_about_95_percent_of_the_time():
+    rng = np.random.default_rng(5)
+    covered = 0
+    for t in range(TRIALS):
+        result = compare(lognormal(rng, 1.0, 0.2, 20), lognormal(rng, 1.1, 0.2, 20), seed=t)
+        covered += result.ci_low <= 1.1 <= result.ci_high
+    assert 0.90 <= covered / TRIALS <= 0.99
+
+
+def test_an_effect_of_the_reported_mde_is_detected_about_80_percent_of_the_time():
+    rng = np.random.default_rng(6)
+    mde = stats._mde(0.1, 20, 0.1, 20, 0.01)
+    found = verdicts(math.exp(mde), 0.1, 20, seed=6)
+    half = verdicts(math.exp(mde / 2), 0.1, 20, seed=7)
+    assert 0.70 * TRIALS <= found.count(stats.REGRESSED) <= 0.95 * TRIALS
+    assert half.count(stats.REGRESSED) <= 0.35 * TRIALS
+    observed = compare(lognormal(rng, 1.0, 0.1, 20), lognormal(rng, 1.0, 0.1, 20)).mde
+    assert 0.5 * mde < observed < 2 * mde
+
+
+@pytest.mark.parametrize(
+    ("baseline", "candidate"),
+    [
+        ([], []),
+        ([1.0], [2.0, 2.0, 2.0]),
+        ([1.0, 1.0, 1.0], [2.0, 2.0]),
+        ([1.0, 1.1], [5.0, 5.1]),
+    ],
+)
+def test_fewer_than_three_samples_a_side_is_inconclusive(baseline, candidate):
+    result = compare(baseline, candidate)
+    assert result.verdict == stats.INCONCLUSIVE
+    assert "fewer than 3 samples" in result.reason
+    assert (result.n_baseline, result.n_candidate) == (len(baseline), len(candidate))
+    json.dumps(result.as_dict(), allow_nan=False)
+
+
+@pytest.mark.parametrize("value", [0.0, 5.0, 1e9])
+def test_constant_equal_samples_are_no_change(value):
+    result = compare([value] * 4, [value] * 5)
+    assert result.verdict == stats.NO_CHANGE
+    assert (result.ratio, result.ci_low, result.ci_high, result.p_value) == (1.0, 1.0, 1.0, 1.0)
+    assert result.cv_baseline == result.cv_candidate == result.mde == 0.0
+
+
+def test_constant_unequal_samples_need_five_a_side_for_the_rank_test():
+    # An exact rank test of 3 against 3 can never go below p = 0.1: the verdict waits.
+    three = compare([100.0] * 3, [102.0] * 3)
+    five = compare([100.0] * 5, [102.0] * 5)
+    assert three.verdict == stats.INCONCLUSIVE
+    assert "Mann-Whitney" in three.reason
+    assert five.verdict == stats.REGRESSED
+    assert five.ci_low == five.ci_high == pytest.approx(1.02)
+
+
+def test_a_real_but_small_effect_under_the_practical_threshold_is_no_change():
+    rng = np.random.default_rng(8)
+    base, cand = lognormal(rng, 1.0, 0.005, 30), lognormal(rng, 1.02, 0.005, 30)
+    assert compare(base, cand).verdict == stats.REGRESSED
+    bounded = compare(base, cand, practical=0.05)
+    assert bounded.verdict == stats.NO_CHANGE
+    assert "within +-5.00%" in bounded.reason
+
+
+def test_wide_noise_with_few_samples_is_inconclusive_and_says_what_it_could_detect():
+    rng = np.random.default_rng(9)
+    result = compare(lognormal(rng, 1.0, 0.25, 5), lognormal(rng, 1.05, 0.25, 5))
+    assert result.verdict == stats.INCONCLUSIVE
+    assert result.mde > 0.3
+    assert "minimal detectable effect" in result.reason
+
+
+def test_a_zero_baseline_median_is_inconclusive_not_an_infinite_regression():
+    result = compare([0.0, 0.0, 0.0, 1.0], [3.0, 4.0, 5.0, 6.0])
+    assert result.verdict == stats.INCONCLUSIVE
+    assert result.ratio == math.inf
+    assert result.as_dict()["ratio"] is None
+    assert "baseline median is 0" in result.reason
+
+
+def test_the_same_seed_gives_the_same_interval_and_a_json_safe_dict():
+    rng = np.random.default_rng(10)
+    base, cand = lognormal(rng, 1.0, 0.2, 12), lognormal(rng, 1.0, 0.2, 12)
+    first, again = compare(base, cand, seed=3), compare(base, cand, seed=3)
+    assert first == again
+    payload = json.loads(json.dumps(first.as_dict(), allow_nan=False))
+    assert payload["verdict"] in stats.VERDICTS
+    assert payload["ci_low"] <= payload["ratio"] <= payload["ci_high"]
+
+
+@pytest.mark.parametrize(
+    ("baseline", "kwargs", "message"),
+    [
+        ([1.0, math.nan, 1.0], {}, "NaN or infinite"),
+        ([1.0, math.inf, 1.0], {}, "NaN or infinite"),
+        ([1.0, -1.0, 1.0], {}, "negative"),
+        ([[1.0, 2.0], [3.0, 4.0]], {}, "flat sequence"),
+        ([1.0, 1.0, 1.0], {"direction": "faster"}, "direction"),
+        ([1.0, 1.0, 1.0], {"alpha": 0.0}, "alpha"),
+        ([1.0, 1.0, 1.0], {"practical": -0.1}, "practical"),
+        ([1.0, 1.0, 1.0], {"practical": math.nan}, "practical"),
+        ([1.0, 1.0, 1.0], {"resamples": 10}, "resamples"),
+    ],
+)
+def test_it_rejects_bad_input(baseline, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        compare(baseline, [1.0, 1.0, 1.0], **kwargs)
+
+
+def test_a_nan_in_the_candidate_is_rejected_even_with_too_few_samples():
+    with pytest.raises(ValueError, match="candidate"):
+        compare([1.0], [math.nan])
+
+
+CALLGRIND_TWO_EVENTS = """# callgrind format
+version: 1
+creator: callgrind-3.19.0
+pid: 10077
+cmd:  ./kernel --case 3
+part: 1
+
+positions: line
+events: Dr Ir
+summary: 28338 128905
+
+fl=(1) ???
+fn=(1) 0x0000000000020290
+0 3 7
+totals: 28338 128903
+"""
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_it_reads_the_instruction_total_of_a_real_callgrind_run(tmp_path: Path):
+    out = tmp_path / "callgrind.out"
+    run = subprocess.run(
+        ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "/usr/bin/true"],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    collected = int(run.stderr.split("Collected :")[1].split()[0])
+    assert parse_callgrind_total(out.read_text()) == collected > 1000
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (CALLGRIND_TWO_EVENTS, 128905),
+        (CALLGRIND_TWO_EVENTS.replace("summary: 28338 128905\n", ""), 128903),
+        ("events: Ir Dr\nsummary: 42\n", 42),
+        ("events: Dr Ir\nsummary: 42\n", 0),  # trailing zero costs may be omitted
+    ],
+)
+def test_it_reads_ir_from_summary_or_totals(text, expected):
+    assert parse_callgrind_total(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "events"),
+        ("events: Dr Dw\nsummary: 1 2\n", "does not count Ir"),
+        ("events: Ir\n", "no 'summary:' or 'totals:'"),
+        ("events: Ir\nsummary: 12k\n", "malformed"),
+        ("events: Ir\nsummary: -5\n", "malformed"),
+        ("events: Ir\nsummary: 5\npart: 2\nsummary: 6\n", "several parts"),
+    ],
+)
+def test_it_rejects_malformed_callgrind_output(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_callgrind_total(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1234567,,instructions,1000000,100.00,0.85,insn per cycle\n", 1234567),
+        ("# started on Mon\n\n5000,,cycles,1,100.00,,\n77,,instructions:u,1,100.00,,\n", 77),
+        (
+            "hello from the program\n"
+            "<not counted>,,cpu_atom/instructions/,0,0.00,,\n"
+            "900,,cpu_core/instructions/,1,100.00,,\n"
+            "100,,cpu_core/instructions/u,1,100.00,,\n"
+            "3,,branch-instructions,1,100.00,,\n",
+            1000,
+        ),
+    ],
+)
+def test_it_reads_instructions_from_perf_stat_csv(text, expected):
+    assert parse_perf_stat_instructions(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("<not supported>,,instructions,0,100.00,,\n", "cannot count"),
+        ("<not counted>,,instructions,0,0.00,,\n", "no counted"),
+        ("5000,,cycles,1,100.00,,\n", "no counted"),
+        ("1.234.567,,instructions,1,100.00,,\n", "malformed"),
+    ],
+)
+def test_it_rejects_perf_output_without_a_usable_count(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_perf_stat_instructions(text)
