@@ -21,7 +21,7 @@ from agents.events import run_event
 from agents.models import AgentRun, Step
 from agents.policies import tuner
 from infraops import gitops
-from infraops.analysis import MetricComparison, evaluate_criterion
+from infraops.analysis import MetricComparison
 from infraops.errors import DomainError
 from infraops.manifest import Knob, knob_apply, knob_read
 from infraops.models import Experiment, Goal
@@ -182,6 +182,7 @@ def _tuner_try(run: AgentRun, knobs: list[Knob], trials: list[dict[str, Any]],
     experiment = experiment_request(
         target=run.target, candidate_commit=commit, baseline_commit=run.base_commit,
         probes=[spec["probe"]], origin=f"run {run.pk}, trial {trial['number']}",
+        criteria=spec["criteria"],
     )
     run.experiments.add(experiment)
     run.experiment_count += 1
@@ -275,16 +276,19 @@ def _tuner_submit(run: AgentRun, trials: list[dict[str, Any]], spec: dict[str, A
         run.state["finish"] = (AgentRun.Status.FAILED, "no configuration beat the baseline")
         return ("No configuration beat the baseline; nothing to submit.", "finish", {}, {})
     experiment = Experiment.objects.get(pk=best["experiment"])
-    verdicts = [evaluate_criterion(c, _comparisons(experiment)) for c in spec["criteria"]]
+    verdicts = [f["evidence"]["verdict"] for f in experiment.feedback.get("findings", [])
+                if f["layer"] == "criteria"]
     improvement = (1 - best["objective"]) * 100
     change = change_submit(
         target=run.target, title=f"Tune {', '.join(f'{k}={v}' for k, v in best['params'].items())}",
         hypothesis=(f"Setting {best['params']} improves {spec['probe']}.{spec['metric']} "
                     f"({spec['direction']}) by {improvement:.1f}% over the base configuration."),
-        evidence={"experiment": experiment.pk, "trials": trials,
-                  "criteria": [v.as_dict() for v in verdicts]},
+        evidence={"experiment": experiment.pk, "trials": trials, "criteria": verdicts,
+                  "feedback": experiment.feedback.get("agent_text", "")},
         base_commit=run.base_commit, head_commit=best["commit"], author_label=f"run {run.pk}",
-        requested_by=run.started_by, criteria_passed=all(v.passed for v in verdicts),
+        requested_by=run.started_by,
+        criteria_passed=(len(verdicts) == len(spec["criteria"])
+                         and all(v["passed"] for v in verdicts)),
     )
     run.changes.add(change)
     run_event(run_id=run.pk, kind="change",

@@ -79,7 +79,7 @@ _DECIMALS = Context(prec=80)
 TOP_LEVEL_KEYS = ("probe", "knob", "risk")
 PROBE_KEYS = (
     "name", "layer", "command", "metrics", "cost", "timeout", "covers", "variants", "compare",
-    "repeat", "requires", "measure", "always", "files",
+    "repeat", "requires", "measure", "always", "files", "higher_is_better",
 )
 COMPARE_KEYS = ("reference", "candidate", "rtol", "atol")
 KNOB_KEYS = ("name", "file", "pattern", "values", "range", "description")
@@ -160,6 +160,11 @@ class Probe:
     measure: str = "wall"
     always: bool = False
     files: tuple[str, ...] = ()
+    higher_is_better: tuple[str, ...] = ()
+
+    def direction(self, metric: str) -> str:
+        """'maximize' for the metrics listed in higher_is_better, else 'minimize'."""
+        return "maximize" if metric in self.higher_is_better else "minimize"
 
     def variant_matrix(self) -> list[dict[str, str]]:
         """Every combination of variant values, keys in manifest order; ``[{}]`` when the
@@ -692,6 +697,11 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
     measure = _choice(raw, "measure", MEASURES, report, default="wall")
     always = _flag(raw, "always", report)
     files = _globs(raw, "files", report, default=())
+    higher = _strings(raw, "higher_is_better", report, what="metric name")
+    for metric in higher:
+        if metric not in metrics:
+            report.report("higher_is_better",
+                          f"{metric!r} is not one of this probe's metrics ({', '.join(metrics)})")
     if raw.get("covers") == [] and not always:
         report.report(
             "covers",
@@ -706,7 +716,7 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
     return Probe(
         name=name, layer=layer, command=command, metrics=metrics, repeat=repeat, cost=cost,
         timeout=timeout, covers=covers, variants=variants, compare=compare, requires=requires,
-        measure=measure or "wall", always=always, files=files,
+        measure=measure or "wall", always=always, files=files, higher_is_better=higher,
     )
 
 

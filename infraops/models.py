@@ -329,6 +329,10 @@ class Experiment(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     failure_reason = models.TextField(blank=True)
     summary = models.JSONField(default=dict, blank=True)
+    criteria = models.JSONField(default=list, blank=True,
+                                help_text="Acceptance criteria (specs) this experiment checks.")
+    feedback = models.JSONField(default=dict, blank=True,
+                                help_text="Findings, most specific first (infraops.feedback).")
 
     objects = ExperimentQuerySet.as_manager()
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -32,6 +33,7 @@ from infraops.analysis import SampleRow, compare_samples
 from infraops.errors import DomainError
 from infraops.manifest import Manifest, ManifestError, Probe, parse_manifest
 from infraops.models import Experiment, ProbeExecution, Sample, Target, variant_key
+from infraops.services.analysis import experiment_feedback
 from infraops.services.results import (
     LogStream,
     artifacts_store,
@@ -76,6 +78,7 @@ def select_probes(manifest: Manifest, names: Sequence[str], changed: Sequence[st
 def experiment_request(
     *, target: Target, candidate_commit: str, baseline_commit: str,
     probes: Sequence[str] = (), origin: str = "", stop_on_failure: bool = True,
+    criteria: Sequence[dict[str, Any]] = (),
 ) -> Experiment:
     """Queue an experiment; its task is sent after commit, to the queue its probes need."""
     manifest = target.manifest()
@@ -93,7 +96,7 @@ def experiment_request(
         target=target, candidate_commit=candidate_commit, baseline_commit=baseline_commit,
         probes=[p.name for p in chosen], changed_paths=changed[:1000], queue=queue_for(chosen),
         origin=origin, manifest_sha256=target.manifest_sha256, stop_on_failure=stop_on_failure,
-        enqueued_at=timezone.now(),
+        enqueued_at=timezone.now(), criteria=list(criteria),
     )
     _send_after_commit(experiment.pk, experiment.queue)
     return experiment
@@ -267,7 +270,9 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
             failures.append(failure)
             if experiment.stop_on_failure:
                 break  # a failing cheaper probe stops the costlier ones
-    _finish(lease, failure="; ".join(failures))
+    lease.renew()
+    _finish(lease, failure="; ".join(failures),
+            feedback=experiment_feedback(experiment, manifest, lease.attempt))
 
 
 def _record_probe_files(experiment: Experiment, probes: Sequence[Probe]) -> None:
@@ -281,13 +286,16 @@ def _run_probe(
     experiment: Experiment, lease: _Lease, probe: Probe, trees: dict[str, Path], workdir: Path,
     identity: sandbox.SandboxIdentity,
 ) -> str:
-    """Run every variant and repeat of one probe, sides interleaved (ABAB...). Returns a failure
+    """Run every variant and repeat of one probe, sides interleaved ABBA (the first side
+    alternates per repeat). Returns a failure
     sentence, or '' when every execution exited 0."""
     seed = random.SystemRandom().randrange(2**31)
     for variant in probe.variant_matrix():
         key = variant_key(variant)
         for repeat in range(probe.repeat):
-            for side, tree in trees.items():
+            # ABBA: the side that runs first alternates, so an order effect cancels out.
+            order = list(trees.items()) if repeat % 2 == 0 else list(trees.items())[::-1]
+            for side, tree in order:
                 lease.renew()
                 out = workdir / "out" / f"{probe.name}-{side}-{key}-{repeat}"
                 out.mkdir(parents=True)
@@ -339,7 +347,7 @@ def _record(
         execution.save(update_fields=["detail"])
 
 
-def _finish(lease: _Lease, *, failure: str) -> None:
+def _finish(lease: _Lease, *, failure: str, feedback: dict[str, Any] | None = None) -> None:
     rows = [
         SampleRow(probe=s.probe, side=s.side, variant=s.variant, metric=s.metric,
                   value=s.value, unit=s.unit, case=s.case)
@@ -355,8 +363,8 @@ def _finish(lease: _Lease, *, failure: str) -> None:
             status=Experiment.Status.RUNNING,
         ).update(
             status=(Experiment.Status.FAILED if failure else Experiment.Status.SUCCEEDED),
-            failure_reason=failure, summary=summary, finished_at=timezone.now(),
-            lease_expires_at=None,
+            failure_reason=failure, summary=summary, feedback=feedback or {},
+            finished_at=timezone.now(), lease_expires_at=None,
         )
         if finished == 1:
             transaction.on_commit(

@@ -62,7 +62,7 @@ def test_an_engineer_runs_the_tuner_live_and_a_reviewer_approves_the_merge(
     assert Experiment.objects.filter(status="succeeded").count() == run.experiment_count >= 1
     sides = list(ProbeExecution.objects.filter(experiment__runs=run).order_by("id")
                  .values_list("side", flat=True)[:4])
-    assert sides == ["baseline", "candidate", "baseline", "candidate"]
+    assert sides == ["baseline", "candidate", "candidate", "baseline"]  # ABBA
 
     # The experiment page shows the probes' output, kept as log rows.
     first = Experiment.objects.order_by("pk").first()

@@ -1,5 +1,5 @@
 """infraops/services/experiments.py run in-process (no Celery worker): request, claim with a
-lease, sandboxed probes with interleaved sides, stored samples, reaping and poison experiments;
+lease, sandboxed probes with ABBA-interleaved sides, stored samples, reaping and poison experiments;
 and the target page for a target whose manifest is broken."""
 
 from __future__ import annotations
@@ -103,13 +103,15 @@ def test_an_experiment_on_a_candidate_commit_succeeds(finished_experiment: Exper
     assert finished_experiment.lease_expires_at is None
 
 
-def test_probe_executions_alternate_baseline_and_candidate_per_repeat(
+def test_probe_executions_interleave_the_sides_in_abba_order(
     finished_experiment: Experiment,
 ) -> None:
     executions = list(finished_experiment.executions.order_by("id"))
 
     assert len(executions) == 10  # latency-bench: repeat = 5, two sides
-    assert [e.side for e in executions] == ["baseline", "candidate"] * 5
+    # ABBA: the side that goes first alternates per repeat, so an order effect cancels out.
+    abba = ["baseline", "candidate", "candidate", "baseline"]
+    assert [e.side for e in executions] == (abba * 3)[:10]
     assert [e.repeat_index for e in executions] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
     assert {e.probe for e in executions} == {"latency-bench"}
     assert all(e.reason == "ok" and e.exit_code == 0 for e in executions)
