@@ -713,6 +713,8 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
         or variants is None or compare is None
     ):
         return None
+    if measure == "instructions" and "instructions" not in metrics:
+        metrics = (*metrics, "instructions")  # counted by the runner under callgrind
     return Probe(
         name=name, layer=layer, command=command, metrics=metrics, repeat=repeat, cost=cost,
         timeout=timeout, covers=covers, variants=variants, compare=compare, requires=requires,

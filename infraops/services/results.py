@@ -95,6 +95,28 @@ def printable(data: bytes) -> str:
     return data.decode("utf-8", "replace").replace("\x00", "\ufffd")
 
 
+def instruction_rows(out_dir: Path, prefix: str = "callgrind.") -> list[MetricRow]:
+    """One `instructions` sample: the total over every callgrind file the run left (one per
+    process under --trace-children). Unreadable files are skipped; none gives no row."""
+    from infraops.stats import parse_callgrind_total
+
+    total, found = 0, False
+    for path in sorted(out_dir.glob(f"{prefix}*.out"))[:64]:
+        fd = _open_regular(path)
+        if fd is None:
+            continue
+        with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
+            try:
+                total += parse_callgrind_total(handle.read(64 << 20))
+                found = True
+            except ValueError:
+                continue
+    if not found:
+        return []
+    return [MetricRow(name="instructions", value=float(total), unit="instructions", case="",
+                      labels={})]
+
+
 SAMPLE_COLUMNS = ("execution_id", "experiment_id", "probe", "side", "variant", "metric",
                   "value", "unit", "case", "labels")
 

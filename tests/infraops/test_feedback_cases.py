@@ -5,6 +5,7 @@ engineers needed to see (issue 4, item 7)."""
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -137,3 +138,48 @@ def test_performance_names_the_repeated_per_tile_work_and_the_speed_up_with_its_
     repeated = findings(experiment, kind="span-shrank", title="span normalize shrank")
     assert repeated, experiment.feedback["agent_text"]
     assert re.search(r"count 80 -> 20", repeated[0]["detail"])
+
+
+COUNT_PROBE = """
+import math, os, re
+merge = re.search(r"(?m)^MERGE_TILES = (True|False)", open("kernel/decode.py").read()).group(1)
+q = [math.sin(i) for i in range(64)]
+for step in range(300):
+    for tile in range(1 if merge == "True" else 4):
+        norm = math.sqrt(sum(x * x for x in q))  # the per-tile normalisation
+        gate = [1 / (1 + math.exp(-x)) for x in q]
+open(os.environ["INFRAOPS_OUT"] + "/metrics.jsonl", "w").write("")
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_probe_that_asks_for_instructions_gets_callgrind_counts_that_detect_the_change(
+    tmp_path: Path,
+) -> None:
+    # Committed rows: ten runs under callgrind outlast a lease renewal, which happens on the
+    # heartbeat thread's own connection and must see the experiment.
+    source = tmp_path / "src"
+    shutil.copytree(CASES / "kda-decode-tiles", source)
+    manifest = source / "infraops.toml"
+    text = manifest.read_text().replace("repeat = 6", 'repeat = 5\nmeasure = "instructions"')
+    # numpy's import alone costs seconds under callgrind: a pure-Python model of the kernel.
+    manifest.write_text(text.replace("python3 bench/decode_bench.py", "python3 -S bench/count.py"))
+    (source / "bench" / "count.py").write_text(COUNT_PROBE)
+    origin = make_origin(tmp_path, source, "instr.git")
+    target = target_register(name="instr", repo_url=str(origin), base_branch="main")
+    merged = commit_edit(target, tmp_path, "kernel/decode.py", "MERGE_TILES = False",
+                         "MERGE_TILES = True")
+    experiment = Experiment.objects.create(  # not experiment_request: nothing is sent
+        target=target, candidate_commit=merged, baseline_commit=target.manifest_commit,
+        probes=["decode-bench"], changed_paths=["kernel/decode.py"],
+        manifest_sha256=target.manifest_sha256)
+    result = experiment_execute(experiment_id=experiment.pk, worker=WORKER)
+    assert result is not None and result.status == "succeeded", result and result.failure_reason
+    experiment = result
+
+    counts = findings(experiment, kind="perf-comparison", title="instructions improved")
+    assert counts, experiment.feedback["agent_text"]
+    comparison = counts[0]["evidence"]["comparison"]
+    assert comparison["n_baseline"] == comparison["n_candidate"] == 5
+    # Instruction counts barely vary: the noise is orders of magnitude below wall time's.
+    assert max(comparison["cv_baseline"], comparison["cv_candidate"]) < 0.01
