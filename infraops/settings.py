@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 import environ
+import plotly
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -167,7 +168,8 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# plotly.js comes from the plotly package itself, never from a CDN.
+STATICFILES_DIRS = [BASE_DIR / "static", ("plotly", Path(plotly.__file__).parent / "package_data")]
 STATIC_ROOT = DATA_DIR / "staticfiles"
 # Served by WhiteNoise from the finders in DEBUG and tests, from STATIC_ROOT otherwise.
 WHITENOISE_USE_FINDERS = True

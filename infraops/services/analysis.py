@@ -42,6 +42,7 @@ def experiment_feedback(experiment: Experiment, manifest: Manifest, attempt: int
     scratch = Path(tempfile.mkdtemp(prefix="analysis-", dir=_scratch_root()))
     try:
         findings += _performance(probes, samples, seed=experiment.pk)
+        extras["distributions"] = _distributions(samples)
         for probe in probes:
             runs = {(e.probe, e.side, e.variant, e.repeat_index): e for e in executions}
             findings += _correctness(probe, runs, scratch, extras, experiment)
@@ -105,6 +106,17 @@ def _performance(probes: list[Probe], samples: dict[SampleKey, list[float]], *, 
         found += feedback.performance_findings(probe_name, variant, metric, case, "", result,
                                                evidence)
     return found
+
+
+def _distributions(samples: dict[SampleKey, list[float]], limit: int = 8
+                   ) -> list[dict[str, Any]]:
+    """Per compared key, both sides' per-execution values (for the A/B chart)."""
+    keys = sorted({key[:4] for key in samples})[:limit]
+    return [{"label": " ".join(filter(None, (probe, f"[{variant}]" if variant else "", metric,
+                                              case))),
+             "baseline": samples.get((probe, variant, metric, case, "baseline"), []),
+             "candidate": samples.get((probe, variant, metric, case, "candidate"), [])}
+            for probe, variant, metric, case in keys]
 
 
 # --- correctness -----------------------------------------------------------------------------

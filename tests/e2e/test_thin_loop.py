@@ -67,8 +67,14 @@ def test_an_engineer_runs_the_tuner_live_and_a_reviewer_approves_the_merge(
     # The experiment page shows the probes' output, kept as log rows.
     first = Experiment.objects.order_by("pk").first()
     assert first is not None
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
     page.goto(f"{base}/experiments/{first.pk}/")
     expect(page.locator("#experiment-log")).to_contain_text("latency=")
+    # The feedback, and its A/B chart drawn by our own plotly.js under the strict CSP.
+    expect(page.locator("ol.findings")).to_contain_text("latency_ms")
+    expect(page.locator("#chart-ab .main-svg").first).to_be_visible()
+    assert problems == [], problems
     expect(page.locator("#experiment-log li")).to_have_count(first.logs.count())
     page.go_back()
 
