@@ -37,6 +37,8 @@ class AgentRun(models.Model):
     event_seq = models.PositiveIntegerField(default=0)
     state = models.JSONField(default=dict, blank=True, help_text="The policy's own state.")
     stop_reason = models.TextField(blank=True)
+    malformed_in_row = models.PositiveIntegerField(default=0)
+    branch = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     experiments = models.ManyToManyField(Experiment, blank=True, related_name="runs")
@@ -77,6 +79,55 @@ class Step(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} step {self.number}"
+
+
+class Hypothesis(models.Model):
+    """An entry of the run's hypothesis ledger, by the agent or by a person."""
+
+    class Status(models.TextChoices):
+        OPEN = "open"
+        CONFIRMED = "confirmed"
+        REFUTED = "refuted"
+        ABANDONED = "abandoned"
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="hypotheses")
+    title = models.CharField(max_length=200)
+    rationale = models.TextField(blank=True)
+    status = models.CharField(max_length=10, choices=Status.choices, default="open")
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                               on_delete=models.PROTECT, related_name="+",
+                               help_text="The person who added it; empty: the agent.")
+    experiments = models.ManyToManyField(Experiment, blank=True, related_name="hypotheses")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["run", "created_at"]
+        verbose_name_plural = "hypotheses"
+
+    def __str__(self) -> str:
+        return self.title
+
+    @property
+    def author_label(self) -> str:
+        return self.author.get_username() if self.author else "agent"
+
+
+class RunMessage(models.Model):
+    """A person's message to the agent mid-run; the agent receives it at its next step."""
+
+    run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="messages")
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,
+                               related_name="+")
+    text = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at_step = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "created_at"]
+
+    def __str__(self) -> str:
+        return f"message to run {self.run_id}"
 
 
 class RunEvent(models.Model):

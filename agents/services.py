@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import statistics
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -18,14 +17,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents.events import run_event
-from agents.models import AgentRun, Step
+from agents.llm_step import llm_step, no_progress, run_worktree
+from agents.models import AgentRun, Hypothesis, RunMessage, Step
 from agents.policies import tuner
 from infraops import gitops
 from infraops.analysis import MetricComparison
 from infraops.errors import DomainError
 from infraops.manifest import Knob, knob_apply, knob_read
 from infraops.models import Experiment, Goal
-from infraops.roles import ENGINEER, has_role
+from infraops.roles import ENGINEER, REVIEWER, has_role
 from infraops.services.audit import audit_record
 from infraops.services.experiments import experiment_request
 from infraops.services.goals import goal_snapshot
@@ -36,29 +36,37 @@ from reviews.services import change_submit
 AGENT_AUTHOR = ("InfraOps agent", "agent@infraops.localhost")
 
 
-def run_worktree(run: AgentRun) -> Path:
-    return Path(settings.DATA_DIR) / "runs" / f"run-{run.pk}"
-
-
-def _enqueue_step(run: AgentRun) -> None:
+def _enqueue_step(run: AgentRun, countdown: float | None = None) -> None:
     from agents.tasks import agent_step
 
     number = run.step_count
-    transaction.on_commit(lambda: agent_step.delay(run.pk, number))
+    transaction.on_commit(
+        lambda: agent_step.apply_async((run.pk, number), countdown=countdown or 0))
+
+
+def _pause(run: AgentRun, reason: str) -> None:
+    """Pause between steps with the reason on the run page; an engineer resumes it."""
+    AgentRun.objects.filter(pk=run.pk, status=AgentRun.Status.RUNNING).update(
+        status=AgentRun.Status.PAUSED, stop_reason=reason)
+    run.status, run.stop_reason = AgentRun.Status.PAUSED, reason
+    run_event(run_id=run.pk, kind="status", message=f"Run paused: {reason}",
+              data={"status": "paused"})
 
 
 def run_start(*, goal: Goal, user: User | AnonymousUser) -> AgentRun:
     """Pin the goal's current version, the manifest and the base commit; queue step one."""
     if not has_role(user, ENGINEER):
         raise DomainError("Only an engineer can start a run.")
-    if goal.policy == Goal.Policy.LLM:
-        raise DomainError("The LLM policy is not available yet: choose the built-in tuner.")
+    if goal.policy == Goal.Policy.LLM and not (
+            settings.OPENAI_BASE_URL and (goal.model_name or settings.INFRAOPS_MODEL)):
+        raise DomainError("The LLM policy needs OPENAI_BASE_URL and a model (INFRAOPS_MODEL, "
+                          "or the goal's model): set them, or choose the built-in tuner.")
     target = target_refresh_manifest(target=goal.target)
     manifest = target.manifest()
     if manifest is None:
         raise DomainError(f"{target.name}'s infraops.toml is invalid: "
                           + "; ".join(target.manifest_errors))
-    if not manifest.knobs:
+    if goal.policy == Goal.Policy.TUNER and not manifest.knobs:
         raise DomainError(f"{target.name}'s manifest declares no [[knob]] for the tuner to turn.")
     with transaction.atomic():
         version = goal_snapshot(goal=goal, user=user)
@@ -88,21 +96,42 @@ def run_step(*, run_id: int, number: int) -> AgentRun | None:
             _finish(run, AgentRun.Status.SUCCEEDED if run.changes.exists()
                     else AgentRun.Status.FAILED, stop)
             return run
+        stuck = no_progress(run) if run.policy == Goal.Policy.LLM else ""
+        if stuck:
+            _pause(run, stuck)
+            return run
+        retry_after = None
         try:
-            summary, tool, arguments, result = _tuner_step(run)
-        except DomainError as exc:
+            if run.policy == Goal.Policy.LLM:
+                outcome = llm_step(run)
+                summary, tool, arguments, result = (outcome.summary, outcome.tool,
+                                                    outcome.arguments, outcome.result)
+                retry_after = outcome.retry_after
+            else:
+                summary, tool, arguments, result = _tuner_step(run)
+        except (DomainError, gitops.GitError) as exc:
             _finish(run, AgentRun.Status.FAILED, str(exc))
+            return run
+        if retry_after is not None:
+            # The model asked us to wait: the step is taken again later, nothing counted.
+            run.save(update_fields=["state"])
+            _enqueue_step(run, countdown=retry_after)
+            run_event(run_id=run.pk, kind="status", message=summary)
             return run
         run.step_count += 1
         Step.objects.create(run=run, number=run.step_count, summary=summary, tool=tool,
                             arguments=arguments, result=result)
         ending = run.state.pop("finish", None)
-        run.save(update_fields=["step_count", "state", "experiment_count"])
+        pause = run.state.pop("pause", None)
+        run.save(update_fields=["step_count", "state", "experiment_count", "tokens_used",
+                                "cost_usd", "malformed_in_row", "branch"])
         run_event(run_id=run.pk, kind="step", message=f"Step {run.step_count}: {summary}",
-                  data={"tool": tool, "arguments": arguments} | (
+                  data={"tool": tool} | (
                       {"change": result["change"]} if "change" in result else {}))
         if ending is not None:
             _finish(run, *ending)
+        elif pause is not None:
+            _pause(run, pause)
         elif run.state.get("waiting_for") is None:
             _enqueue_step(run)
     return run
@@ -126,7 +155,12 @@ def _finish(run: AgentRun, status: str, reason: str) -> None:
     run.save(update_fields=["status", "stop_reason", "finished_at", "state"])
     run_event(run_id=run.pk, kind="status", message=f"Run {status}: {reason}",
               data={"status": status})
-    shutil.rmtree(run_worktree(run), ignore_errors=True)
+    worktree = run_worktree(run)
+    if worktree.exists():
+        try:
+            gitops.worktree_remove(run.target.clone_path, worktree)
+        except gitops.GitError:
+            shutil.rmtree(worktree, ignore_errors=True)
 
 
 # --- the tuner policy's step -------------------------------------------------------------
@@ -356,3 +390,39 @@ def run_wake(*, experiment_id: int) -> None:
                       data={"experiment": experiment_id, "status": experiment.status})
             if run.status == AgentRun.Status.RUNNING:
                 _enqueue_step(run)
+
+
+# --- human steering ------------------------------------------------------------------------
+
+def _steerer(run: AgentRun, user: User | AnonymousUser) -> User:
+    if not (has_role(user, ENGINEER) or has_role(user, REVIEWER)):
+        raise DomainError("Only an engineer or a reviewer can steer a run.")
+    if run.is_finished:
+        raise DomainError(f"The run already ended ({run.status}): start a new one.")
+    assert isinstance(user, User)
+    return user
+
+
+def run_message_add(*, run: AgentRun, user: User | AnonymousUser, text: str) -> RunMessage:
+    """A message the agent receives at its next step."""
+    author = _steerer(run, user)
+    with transaction.atomic():
+        message = RunMessage.objects.create(run=run, author=author, text=text)
+        run_event(run_id=run.pk, kind="status",
+                  message=f"Message from {author.get_username()}: {text[:500]}")
+        audit_record(actor=author, action="run.message", obj=run, data={"message": message.pk})
+    return message
+
+
+def hypothesis_add(*, run: AgentRun, user: User | AnonymousUser, title: str,
+                   rationale: str = "") -> Hypothesis:
+    """A person's hypothesis in the run's ledger; the agent sees it at its next step."""
+    author = _steerer(run, user)
+    with transaction.atomic():
+        hypothesis = Hypothesis.objects.create(run=run, title=title, rationale=rationale,
+                                               author=author)
+        run_event(run_id=run.pk, kind="status",
+                  message=f"Hypothesis added by {author.get_username()}: {title}")
+        audit_record(actor=author, action="run.hypothesis", obj=run,
+                     data={"hypothesis": hypothesis.pk})
+    return hypothesis

@@ -9,5 +9,6 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("goals/<int:goal_id>/runs/", views.run_start, name="start"),
     path("runs/<int:pk>/", views.run_detail, name="run"),
+    path("runs/<int:pk>/steer/", views.run_steer, name="steer"),
     path("runs/<int:pk>/<str:action>/", views.run_control, name="control"),
 ]

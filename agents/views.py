@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django import forms
 from django.contrib import messages
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -52,10 +55,44 @@ def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "run": run, "events": events, "worker_warning": _worker_warning(run),
         "steps": run.steps.order_by("number"),
         "changes": run.changes.order_by("pk"), "experiments": run.experiments.order_by("pk"),
+        "hypotheses": run.hypotheses.select_related("author"),
+        "run_messages": run.messages.select_related("author"), "steer_form": SteerForm(),
     }
     if request.htmx:
         return render(request, "agents/run.html#live-update", context)
     return render(request, "agents/run.html", context)
+
+
+class SteerForm(forms.Form):
+    kind = forms.ChoiceField(choices=[("message", "message"), ("hypothesis", "hypothesis")])
+    text = forms.CharField(max_length=4000, widget=forms.Textarea(attrs={"rows": 2}))
+    title = forms.CharField(max_length=200, required=False)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("kind") == "hypothesis" and not data.get("title"):
+            self.add_error("title", "A hypothesis needs a title.")
+        return data
+
+
+@require_POST
+def run_steer(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    run = _get_run_for_user(request, pk)
+    form = SteerForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(str(e) for errors in form.errors.values() for e in errors))
+        return redirect("agents:run", pk=run.pk)
+    try:
+        if form.cleaned_data["kind"] == "hypothesis":
+            services.hypothesis_add(run=run, user=request.user, title=form.cleaned_data["title"],
+                                    rationale=form.cleaned_data["text"])
+        else:
+            services.run_message_add(run=run, user=request.user, text=form.cleaned_data["text"])
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, "Sent: the agent receives it at its next step.")
+    return redirect("agents:run", pk=run.pk)
 
 
 def _worker_warning(run: AgentRun) -> str | None:

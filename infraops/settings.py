@@ -92,6 +92,9 @@ try:
     OPENAI_BASE_URL = _read("OPENAI_BASE_URL", "str", "")
     OPENAI_API_KEY = _read("OPENAI_API_KEY", "str", "")
     INFRAOPS_MODEL = _read("INFRAOPS_MODEL", "str", "")
+    # USD per million tokens, for the runs' cost budgets (0: cost is not accounted).
+    LLM_PRICE_IN_PER_MTOK = _read("INFRAOPS_PRICE_IN_PER_MTOK", "float", 0.0)
+    LLM_PRICE_OUT_PER_MTOK = _read("INFRAOPS_PRICE_OUT_PER_MTOK", "float", 0.0)
     # Seconds; the longest Celery task limit. The broker's visibility timeout is 1.5x of it.
     TASK_TIME_LIMIT = _read("INFRAOPS_TASK_TIME_LIMIT", "int", 3600)
     SECURE = _read("INFRAOPS_SECURE", "bool", False)

@@ -80,11 +80,14 @@ def test_a_viewer_cannot_start_a_run(example_goal: Goal, viewer: User) -> None:
     assert not AgentRun.objects.exists()
 
 
-def test_the_llm_policy_is_refused_for_now(example_goal: Goal, engineer: User) -> None:
+def test_the_llm_policy_without_an_endpoint_is_refused_with_the_reason(
+    example_goal: Goal, engineer: User, settings: Any
+) -> None:
+    settings.OPENAI_BASE_URL = ""
     Goal.objects.filter(pk=example_goal.pk).update(policy=Goal.Policy.LLM)
     example_goal.refresh_from_db()
 
-    with pytest.raises(DomainError, match="LLM policy is not available"):
+    with pytest.raises(DomainError, match="LLM policy needs OPENAI_BASE_URL and a model"):
         services.run_start(goal=example_goal, user=engineer)
 
     assert not AgentRun.objects.exists()

@@ -73,13 +73,13 @@ def test_numerics_names_the_diverging_case_and_the_error_growing_with_length(
 
     # The base (TF32): the parallel path diverges from the non-parallel one, locally.
     broken = findings(experiment, severity="fail", layer="correctness",
-                      title=r"\[cp=on\] vs \[cp=off\] \(baseline\) case len-8192")
+                      title=r"\[cp=on\] vs \[cp=off\] \(baseline\) case len-4096")
     assert broken, experiment.feedback["agent_text"]
-    assert re.search(r"first at \[\d+, \d+\]", broken[0]["detail"])
+    assert re.search(r"first at \[\d+, \d+, \d+\]", broken[0]["detail"])
     growth = findings(experiment, severity="fail", kind="error-vs-size",
                       title=r"\(baseline\)")
     assert growth and "grows with size" in growth[0]["detail"]
-    assert "128" in growth[0]["detail"] and "8192" in growth[0]["detail"]
+    assert "at 64 to" in growth[0]["detail"] and "at 4096" in growth[0]["detail"]
     # The fix (tf32x3): the two paths agree within tolerance at every length.
     assert findings(experiment, severity="pass", title=r"\(candidate\)")
     assert not findings(experiment, severity="fail", title=r"\(candidate\)")
