@@ -314,8 +314,33 @@ def _overlaps(probe: Probe, variant: str, trace: traces.Trace,
             result = traces.overlap(trace, a, b)
             finding = feedback.overlap_finding(probe.name, variant, result, evidence)
             if finding is not None and totals[a] <= totals[b]:
-                found.append(finding)
+                found.append(_with_idle(finding, trace, a, b, threads[a], threads[b]))
     return found
+
+
+def _with_idle(finding: Finding, trace: traces.Trace, a: str, b: str, a_threads: set[str],
+               b_threads: set[str]) -> Finding:
+    """Add how long a's thread sat idle while b held the work: the blocked-thread evidence."""
+    if len(a_threads) != 1:
+        return finding
+    (thread,) = a_threads
+    try:
+        idle = traces.idle_intervals(trace, thread)
+    except ValueError:
+        return finding
+    b_spans = [(sp.start_us, sp.end_us) for sp in trace.spans if sp.name == b]
+    b_total = sum(end - start for start, end in b_spans)
+    idle_during = sum(max(0.0, min(i.end_us, end) - max(i.start_us, start))
+                      for i in idle for start, end in b_spans)
+    if b_total <= 0:
+        return finding
+    holders = ", ".join(sorted(b_threads))
+    extra = (f"; thread {thread} sat idle for {idle_during / b_total:.0%} of the time {holders} "
+             f"ran {b} ({idle_during / 1000:.1f} of {b_total / 1000:.1f} ms): it was blocked "
+             "while the other thread held the work")
+    return Finding(finding.layer, finding.kind, finding.severity, finding.title,
+                   finding.detail + extra, finding.specificity,
+                   finding.evidence | {"idle_during_us": idle_during, "held_us": b_total})
 
 
 # --- criteria --------------------------------------------------------------------------------
