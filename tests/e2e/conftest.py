@@ -52,10 +52,17 @@ def system_env(data_dir: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def live_system(transactional_db: None, data_dir: Path, tmp_path: Path) -> Iterator[str]:
+def live_env() -> dict[str, str]:
+    """Extra environment for the system's processes (a test overrides this fixture)."""
+    return {}
+
+
+@pytest.fixture
+def live_system(transactional_db: None, data_dir: Path, tmp_path: Path,
+                live_env: dict[str, str]) -> Iterator[str]:
     """Start web and worker against this test's database; yield the base URL."""
     port = free_port()
-    env = system_env(data_dir)
+    env = system_env(data_dir) | live_env
     logs = {name: (tmp_path / f"{name}.log").open("wb") for name in ("web", "worker")}
     processes = [
         subprocess.Popen(
