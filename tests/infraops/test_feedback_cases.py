@@ -90,7 +90,7 @@ def test_numerics_names_the_diverging_case_and_the_error_growing_with_length(
 
 def test_concurrency_names_the_spans_that_never_overlap_and_the_criterions_gap(
     case_target: Callable[[str], Target], tmp_path: Path,
-    django_capture_on_commit_callbacks: Any,
+    django_capture_on_commit_callbacks: Any, client: Any, viewer: Any,
 ) -> None:
     target = case_target("kv-transfer-gil")
     criterion = {"kind": "relation", "probe": "prefill-kv", "metric": "step_ms",
@@ -111,6 +111,9 @@ def test_concurrency_names_the_spans_that_never_overlap_and_the_criterions_gap(
     verdict = gap["evidence"]["verdict"]
     assert verdict["quantity"] > 0.20 and verdict["ci_low"] > 0.05
     assert "scenario gap" in gap["detail"] and "95% CI" in gap["detail"]
+    client.force_login(viewer)  # the same evidence on the page, for people
+    page = client.get(f"/experiments/{base.pk}/").content.decode()
+    assert "Spans per thread" in page and "kv_transfer" in page and "never overlaps" in page
 
     fix = commit_edit(target, tmp_path, "engine/ep.py", "RELEASE_GIL = False",
                       "RELEASE_GIL = True")
