@@ -224,6 +224,7 @@ def _run_tool(run: AgentRun, spec: dict[str, Any], call: llm.ToolCall) -> dict[s
             "run_experiment": lambda args: _tool_run_experiment(run, spec, worktree, args),
             "inspect_experiment": lambda args: _tool_inspect(run, args),
             "record_hypothesis": lambda args: _tool_hypothesis(run, args),
+            "switch_hypothesis": lambda args: _tool_switch(run, worktree, args),
             "submit_change": lambda args: _tool_submit(run, args),
             "finish": lambda args: _tool_finish(run, args),
         },
@@ -266,6 +267,9 @@ def _tool_run_experiment(run: AgentRun, spec: dict[str, Any], worktree: Path,
     except DomainError as exc:
         return tools.ToolResult(False, json.dumps({"error": str(exc)}), {})
     run.experiments.add(experiment)
+    if run.state.get("hypothesis"):
+        for hypothesis in Hypothesis.objects.filter(run=run, pk=run.state["hypothesis"]):
+            hypothesis.experiments.add(experiment)
     run.experiment_count += 1
     run.state["waiting_for"] = experiment.pk
     run_event(run_id=run.pk, kind="experiment",
@@ -304,6 +308,29 @@ def _tool_hypothesis(run: AgentRun, args: dict[str, Any]) -> tools.ToolResult:
     run_event(run_id=run.pk, kind="step", message=f"Hypothesis {pk}: {args.get('title', '')} "
               f"({args.get('status', 'open')})")
     return tools.ToolResult(True, f"Hypothesis {pk} recorded.", {"hypothesis": pk})
+
+
+def _tool_switch(run: AgentRun, worktree: Path, args: dict[str, Any]) -> tools.ToolResult:
+    """A branch per hypothesis: commit what is here, then check out the hypothesis's branch."""
+    hypothesis = Hypothesis.objects.filter(run=run, pk=args["hypothesis_id"]).first()
+    if hypothesis is None:
+        return tools.ToolResult(False, json.dumps({"error": "no such hypothesis in this run"}), {})
+    gitops.commit_all(worktree, f"work in progress before switching to hypothesis "
+                      f"{hypothesis.pk}", author_name=AGENT_AUTHOR[0],
+                      author_email=AGENT_AUTHOR[1])
+    # Not run-N/hM: a ref run-N (the run's own branch) cannot also be a folder of refs.
+    branch = f"infraops/run-{run.pk}-h{hypothesis.pk}"
+    repo = run.target.clone_path
+    if gitops.branch_exists(repo, branch):
+        gitops.git(worktree, "checkout", "--quiet", branch)
+    else:
+        gitops.git(worktree, "checkout", "--quiet", "-b", branch, run.base_commit)
+    run.branch = branch
+    run.state["hypothesis"] = hypothesis.pk
+    run_event(run_id=run.pk, kind="step",
+              message=f"Working on hypothesis {hypothesis.pk} ({hypothesis.title}) on {branch}.")
+    return tools.ToolResult(True, f"Now on {branch}, for hypothesis {hypothesis.pk}.",
+                            {"branch": branch, "hypothesis": hypothesis.pk})
 
 
 def _tool_submit(run: AgentRun, args: dict[str, Any]) -> tools.ToolResult:

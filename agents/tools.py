@@ -61,8 +61,8 @@ SEARCH_SECONDS = 5.0
 _SHOWN_MATCH_CHARS = 300
 _BINARY_SNIFF_BYTES = 8_000
 
-CALLBACK_TOOLS = ("run_experiment", "inspect_experiment", "record_hypothesis", "submit_change",
-                  "finish")
+CALLBACK_TOOLS = ("run_experiment", "inspect_experiment", "record_hypothesis",
+                  "switch_hypothesis", "submit_change", "finish")
 
 
 @dataclass(frozen=True)
@@ -182,6 +182,13 @@ _TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
             "hypothesis_id": _integer("The hypothesis to update; omit to record a new one.",
                                       1, _MAX_ID),
         }, required=["title", "rationale", "status"]),
+    ),
+    "switch_hypothesis": (
+        "Work on a hypothesis's own git branch. Your current edits are committed on the branch "
+        "you are on; the worktree then holds the hypothesis's branch (made from the base commit "
+        "the first time), so the edits and experiments of different hypotheses never mix.",
+        _object({"hypothesis_id": _integer("The ledger id from record_hypothesis.", 1, _MAX_ID)},
+                required=["hypothesis_id"]),
     ),
     "submit_change": (
         "Submit the worktree's diff for review with the hypothesis it tests and the "

@@ -257,3 +257,41 @@ def test_a_message_and_a_hypothesis_from_people_reach_the_agent_at_its_next_step
     assert RunMessage.objects.get().delivered_at_step == 2
     ledger = Hypothesis.objects.get(run=run)
     assert ledger.author == engineer and ledger.author_label == engineer.username
+
+
+def test_each_hypothesis_gets_its_own_branch_and_its_experiments(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    goal = llm_goal()
+    stub.push(completion(tool_calls=[
+        call("record_hypothesis", title="bigger batches", rationale="amortise", status="open"),
+        call("record_hypothesis", title="shorter queue", rationale="less waiting",
+             status="open")]))
+    with django_capture_on_commit_callbacks(execute=False):
+        run = run_start(goal=goal, user=engineer)
+        run = step(run)
+        first, second = Hypothesis.objects.filter(run=run).order_by("pk")
+        stub.push(completion(tool_calls=[
+            call("switch_hypothesis", hypothesis_id=first.pk),
+            call("edit_file", path="config/serving.toml", old_text="batch_size = 2",
+                 new_text="batch_size = 16")]))
+        stub.push(completion(tool_calls=[call("run_experiment", reason="batch 16")]))
+        stub.push(completion(tool_calls=[
+            call("switch_hypothesis", hypothesis_id=second.pk),
+            call("edit_file", path="config/serving.toml", old_text="max_queue = 256",
+                 new_text="max_queue = 64")]))
+        for _ in range(3):
+            run = step(run)
+
+    worktree = django_settings.DATA_DIR / "runs" / f"run-{run.pk}"
+    text = (worktree / "config" / "serving.toml").read_text()
+    # The second hypothesis starts from the base: the first one's edit is not here.
+    assert "batch_size = 2" in text and "max_queue = 64" in text
+    repo = run.target.clone_path
+    first_branch = f"infraops/run-{run.pk}-h{first.pk}"
+    committed = gitops.read_file(repo, f"refs/heads/{first_branch}", "config/serving.toml")
+    assert committed is not None and b"batch_size = 16" in committed
+    assert run.branch == f"infraops/run-{run.pk}-h{second.pk}"
+    assert list(first.experiments.values_list("pk", flat=True)) == [run.experiments.get().pk]
+    assert not second.experiments.exists()

@@ -32,8 +32,8 @@ FILES = {
 POLICY = Policy(editable=["src/**", "docs/**"], protected=["infraops.toml"],
                 forbidden_patterns=[r"os\.environ", r"\bsubprocess\b"], max_diff_lines=12)
 
-CALLBACK_TOOLS = ["run_experiment", "inspect_experiment", "record_hypothesis", "submit_change",
-                  "finish"]
+CALLBACK_TOOLS = ["run_experiment", "inspect_experiment", "record_hypothesis",
+                  "switch_hypothesis", "submit_change", "finish"]
 
 
 class Recorder:
@@ -211,6 +211,7 @@ def test_apply_diff_applies_a_good_diff(ctx: ToolContext) -> None:
                            "status": "open"}),
     ("record_hypothesis", {"title": "Bigger blocks", "rationale": "measured", "status": "refuted",
                            "hypothesis_id": 3}),
+    ("switch_hypothesis", {"hypothesis_id": 3}),
     ("submit_change", {"title": "BLOCK 128", "hypothesis": "fewer launches", "experiment_id": 7}),
     ("finish", {"summary": "Tried two block sizes."}),
 ])
