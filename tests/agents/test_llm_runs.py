@@ -295,3 +295,41 @@ def test_each_hypothesis_gets_its_own_branch_and_its_experiments(
     assert run.branch == f"infraops/run-{run.pk}-h{second.pk}"
     assert list(first.experiments.values_list("pk", flat=True)) == [run.experiments.get().pk]
     assert not second.experiments.exists()
+
+
+def test_the_same_action_three_times_in_a_row_pauses_the_run_as_stuck(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    goal = llm_goal()
+    for _ in range(3):
+        stub.push(completion(tool_calls=[call("read_file", path="config/serving.toml")]))
+    with django_capture_on_commit_callbacks(execute=False):
+        run = run_start(goal=goal, user=engineer)
+        for _ in range(3):
+            run = step(run)
+
+    assert run.status == AgentRun.Status.PAUSED
+    assert "stuck: the same action 3 times in a row (read_file)" in run.stop_reason
+    assert run.events.filter(message__contains="Run paused: stuck").exists()
+
+
+def test_the_conversation_stays_bounded_as_steps_accumulate(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    goal = llm_goal(max_steps=30)
+    for n in range(20):
+        stub.push(completion(f"looking at files, round {n}",
+                             tool_calls=[call("list_files", glob=f"**/*{n}*")]))
+    with django_capture_on_commit_callbacks(execute=False):
+        run = run_start(goal=goal, user=engineer)
+        for _ in range(20):
+            run = step(run)
+
+    sizes = [len(request.body["messages"]) for request in stub.requests]
+    # Six recent steps verbatim (an assistant turn and a tool result each), older ones in one
+    # summary message: the prompt stops growing however long the run gets.
+    assert max(sizes) == sizes[-1] == sizes[-5] <= 2 + 1 + 6 * 2
+    last = json.dumps(stub.requests[-1].body["messages"])
+    assert "Earlier steps, summarised" in last and "step 1: list_files" in last
