@@ -9,6 +9,7 @@ from django.template.loader import render_to_string
 from agents.events import run_group
 from agents.models import AgentRun, RunEvent
 from infraops.consumers import BATCH, SequencedLogConsumer
+from infraops.roles import user_roles
 
 
 class RunConsumer(SequencedLogConsumer):
@@ -26,5 +27,7 @@ class RunConsumer(SequencedLogConsumer):
         if not events:
             return "", after
         run = AgentRun.objects.select_related("goal_version__goal", "target").get(pk=self.object_id)
-        html = render_to_string("agents/run.html#live-update", {"run": run, "events": events})
+        roles = user_roles(self.scope["user"])  # the controls depend on who is watching
+        html = render_to_string("agents/run.html#live-update",
+                                {"run": run, "events": events, "user_roles": roles})
         return html, events[-1].seq

@@ -50,12 +50,15 @@ def test_an_engineer_runs_the_tuner_live_and_a_reviewer_approves_the_merge(
     expect(events).to_contain_text("Submitted the best configuration", timeout=180_000)
     expect(page.locator("#run-status")).to_have_text("succeeded")
     assert page.evaluate("window.__notReloaded") is True
+    # The budget and the controls follow the run live too: no Pause on a finished run.
+    expect(page.get_by_role("button", name="Pause")).to_have_count(0)
 
     run = AgentRun.objects.get()
     assert run.status == AgentRun.Status.SUCCEEDED
     assert run.goal_version.number == example_goal.current_version
     seqs = list(run.events.values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1))
+    expect(page.locator("#run-budget tr").nth(1)).to_contain_text(str(run.step_count))
     shown = page.locator("#run-events li").count()
     assert shown == len(seqs), "every event row reached the page exactly once"
     # Every experiment ran sandboxed, interleaved, candidate and baseline.
