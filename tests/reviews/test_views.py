@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.test import Client
 
 from reviews.models import Change, ReviewDecision
@@ -164,3 +165,16 @@ def test_an_anonymous_decision_is_redirected_to_login_and_records_nothing(client
     assert response.status_code == 302
     assert response["Location"].startswith("/accounts/login/")
     assert not ReviewDecision.objects.exists()
+
+
+def test_the_person_who_started_the_run_is_not_offered_the_decision(
+    client: Any, config_change: Any
+) -> None:
+    starter = config_change.requested_by
+    starter.groups.add(Group.objects.get_or_create(name="reviewer")[0])
+    client.force_login(starter)
+
+    page = client.get(f"/reviews/changes/{config_change.pk}/").content.decode()
+
+    assert "Approve and merge" not in page
+    assert "another reviewer decides on it" in page
