@@ -105,6 +105,10 @@ class Goal(models.Model):
     def __str__(self) -> str:
         return f"{self.target.name}: {self.name}"
 
+    @property
+    def relative_target_percent(self) -> str:
+        return f"{self.relative_target:.0%}" if self.relative_target is not None else ""
+
     def better(self, candidate: float, baseline: float) -> bool:
         if self.direction == self.Direction.MINIMIZE:
             return candidate < baseline
