@@ -89,3 +89,11 @@ def test_the_channel_layer_is_redis_not_in_memory() -> None:
     assert backend.startswith("channels_redis.")
     assert type(layer).__module__.startswith("channels_redis.")
     assert "InMemory" not in type(layer).__name__
+
+
+def test_check_deploy_is_clean_with_production_settings() -> None:
+    result = manage("check", "--deploy", SECRET_KEY="p" * 20 + "-production-secret-" + "q" * 30,
+                    INFRAOPS_SECURE="true", DEBUG="false", ALLOWED_HOSTS="infraops.example.com")
+
+    assert result.returncode == 0, result.stderr
+    assert "System check identified no issues" in result.stdout
