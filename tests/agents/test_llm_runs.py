@@ -388,3 +388,23 @@ def test_probe_output_never_reaches_the_model_and_holds_no_secret(
             and str(m["content"]).startswith(f"Experiment {experiment.pk} ")]
     assert news and all("<untrusted>" in n for n in news)
     assert not Change.objects.exists() and run.status == AgentRun.Status.FAILED
+
+
+def test_the_token_budget_ends_the_run_at_the_turn_that_reaches_it(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    # A turn cannot be cut in the middle: the run ends right after the turn whose reported
+    # usage reaches the budget, and no further call is made.
+    goal = llm_goal(max_tokens=1000)
+    for n in range(4):
+        stub.push(completion(tool_calls=[call("list_files", glob=f"*{n}*")], usage=(450, 50)))
+    with django_capture_on_commit_callbacks(execute=False):
+        run = run_start(goal=goal, user=engineer)
+        for _ in range(4):
+            run = step(run)
+
+    assert run.status == AgentRun.Status.FAILED
+    assert run.tokens_used == 1000
+    assert "token budget spent (1000 of 1000)" in run.stop_reason
+    assert len(stub.requests) == 2
