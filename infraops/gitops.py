@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -26,6 +27,8 @@ import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+_FULL_SHA = re.compile(r"[0-9a-f]{40}")
 
 GIT_EXECUTABLE = "git"
 DEFAULT_TIMEOUT = 60.0
@@ -360,9 +363,16 @@ def read_file(repo: Path, commit: str, path: str) -> bytes | None:
     return body[: int(fields[2])]
 
 
+def _commit_id(repo: Path, rev: str) -> str:
+    """A full sha as it is (git itself then fails on an unknown one); a name, rev-parsed.
+    Saves a git call where the caller already holds shas (experiments do, on a hot path)."""
+    return rev if _FULL_SHA.fullmatch(rev) else rev_parse(repo, rev)
+
+
 def blob_ids(repo: Path, commit: str, paths: Sequence[str]) -> dict[str, str | None]:
-    """Git's object id of each path at ``commit`` (None when absent), in one git call."""
-    sha = rev_parse(repo, commit)
+    """Git's object id of each path at ``commit`` (None when absent, or when a full sha names
+    no commit), in one git call."""
+    sha = _commit_id(repo, commit)
     usable = [p for p in paths if "\n" not in p and "\0" not in p]
     spec = "".join(f"{sha}:{p.lstrip('/')}\n" for p in usable).encode("utf-8", "surrogateescape")
     ids: dict[str, str | None] = dict.fromkeys(paths)
@@ -423,7 +433,7 @@ def worktree_add(repo: Path, path: Path, commit: str, *, branch: str | None = No
     Detached when ``branch`` is None; otherwise creates ``branch`` at ``commit`` and
     fails with GitError if that branch already exists.
     """
-    sha = rev_parse(repo, commit)
+    sha = _commit_id(repo, commit)
     target = str(path.resolve())
     if branch is not None:
         _check_branch(repo, branch)

@@ -18,15 +18,16 @@ import shlex
 import shutil
 import socket
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from infraops import gitops, sandbox
@@ -37,7 +38,8 @@ from infraops.models import Experiment, ProbeExecution, Sample, Target, variant_
 from infraops.services.analysis import experiment_feedback
 from infraops.services.results import (
     LogStream,
-    artifacts_store,
+    artifacts_collect,
+    artifacts_link,
     instruction_rows,
     printable,
     read_metrics,
@@ -145,11 +147,14 @@ def experiment_claim(*, experiment_id: int, worker: str) -> Experiment | None:
             _fail(experiment.pk, f"gave up after {experiment.attempts} attempts: every attempt "
                                  "ended without a result (poison experiment)")
             return None
-        Experiment.objects.filter(pk=experiment.pk).update(
-            status=Experiment.Status.RUNNING, attempts=F("attempts") + 1, claimed_by=worker,
-            lease_expires_at=now + LEASE, started_at=experiment.started_at or now,
-        )
-        experiment.refresh_from_db()
+        # The row is locked: plain values are safe, and spare a re-read.
+        experiment.status = Experiment.Status.RUNNING
+        experiment.attempts += 1
+        experiment.claimed_by = worker
+        experiment.lease_expires_at = now + LEASE
+        experiment.started_at = experiment.started_at or now
+        experiment.save(update_fields=["status", "attempts", "claimed_by", "lease_expires_at",
+                                       "started_at"])
     return experiment
 
 
@@ -184,6 +189,12 @@ class _Lease:
     worker: str
     attempt: int
     lost: threading.Event = field(default_factory=threading.Event)
+
+    def check(self) -> None:
+        """Stop before starting more work once the heartbeat found the lease gone (cheap:
+        no query; every write still renews under its own transaction)."""
+        if self.lost.is_set():
+            raise LeaseLost(f"experiment {self.experiment_id} attempt {self.attempt}")
 
     def renew(self) -> None:
         if self.lost.is_set():
@@ -251,42 +262,68 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
         raise sandbox.SandboxUnavailable(f"No sandbox on {lease.worker}: {problem}")
     repo = experiment.target.clone_path
     # The manifest at the baseline (protected from agent edits) defines what runs and how.
-    raw = gitops.read_file(repo, experiment.baseline_commit, "infraops.toml")
-    if raw is None:
-        raise DomainError("infraops.toml is missing at the baseline revision.")
-    manifest = parse_manifest(raw.decode("utf-8", "replace"))
+    manifest = _baseline_manifest(experiment)
     probes = select_probes(manifest, list(experiment.probes), [])
-    _record_probe_files(experiment, probes)
     identity = sandbox.sandbox_identity()
     trees = {str(side): workdir / side for side in SIDES}
-    # One after the other: concurrent `git worktree add` in one repository races on its
-    # worktree records ("failed to read worktrees/baseline/commondir", seen here).
-    for side, path in trees.items():
-        commit = experiment.baseline_commit if side == "baseline" else experiment.candidate_commit
-        gitops.worktree_add(repo, path, commit)
-        sandbox.sandbox_prepare_dir(path, identity)
-    failures: list[str] = []
-    for probe in probes:
-        failure = _run_probe(experiment, lease, probe, trees, workdir, identity)
-        if failure:
-            failures.append(failure)
-            if experiment.stop_on_failure:
-                break  # a failing cheaper probe stops the costlier ones
-    lease.renew()
+    commits = {"baseline": experiment.baseline_commit, "candidate": experiment.candidate_commit}
+
+    def checkout(side: str) -> None:
+        gitops.worktree_add(repo, trees[side], commits[side])
+        sandbox.sandbox_prepare_dir(trees[side], identity)
+
+    def prepare_candidate() -> dict[str, str | None]:
+        checkout("candidate")
+        return _probe_file_ids(experiment, probes)  # git only: no database on this thread
+
+    checkout("baseline")
+    # The candidate's checkout overlaps the baseline's first run (ABBA starts with the
+    # baseline); worktree changes themselves are serialised per repository by gitops.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        candidate_ready = pool.submit(prepare_candidate)
+        failures = _run_all(experiment, lease, probes, trees, workdir, identity,
+                            before_candidate=candidate_ready.result)
+        ids = candidate_ready.result()
+    Experiment.objects.filter(pk=experiment.pk).update(probe_files=ids)
     _finish(lease, failure="; ".join(failures),
             feedback=experiment_feedback(experiment, manifest, lease.attempt))
 
 
-def _record_probe_files(experiment: Experiment, probes: Sequence[Probe]) -> None:
+def _run_all(experiment: Experiment, lease: _Lease, probes: Sequence[Probe],
+             trees: dict[str, Path], workdir: Path, identity: sandbox.SandboxIdentity, *,
+             before_candidate: Callable[[], object]) -> list[str]:
+    failures: list[str] = []
+    for probe in probes:
+        failure = _run_probe(experiment, lease, probe, trees, workdir, identity,
+                             before_candidate)
+        if failure:
+            failures.append(failure)
+            if experiment.stop_on_failure:
+                break  # a failing cheaper probe stops the costlier ones
+    return failures
+
+
+def _baseline_manifest(experiment: Experiment) -> Manifest:
+    """The manifest at the baseline (protected from agent edits): it defines what runs and
+    how. The target's stored copy when the baseline is the commit it was read at."""
+    target = experiment.target
+    if experiment.baseline_commit == target.manifest_commit and target.manifest_text:
+        return parse_manifest(target.manifest_text)
+    raw = gitops.read_file(target.clone_path, experiment.baseline_commit, "infraops.toml")
+    if raw is None:
+        raise DomainError("infraops.toml is missing at the baseline revision.")
+    return parse_manifest(raw.decode("utf-8", "replace"))
+
+
+def _probe_file_ids(experiment: Experiment, probes: Sequence[Probe]) -> dict[str, str | None]:
     """Git blob ids of every probe file at the baseline: which probe code produced the data."""
     paths = sorted({"infraops.toml"} | {f for p in probes for f in p.files})
-    ids = gitops.blob_ids(experiment.target.clone_path, experiment.baseline_commit, paths)
-    Experiment.objects.filter(pk=experiment.pk).update(probe_files=ids)
+    return gitops.blob_ids(experiment.target.clone_path, experiment.baseline_commit, paths)
 
 
 def _run_probe(
     experiment: Experiment, lease: _Lease, probe: Probe, trees: dict[str, Path], workdir: Path,
-    identity: sandbox.SandboxIdentity,
+    identity: sandbox.SandboxIdentity, before_candidate: Callable[[], object],
 ) -> str:
     """Run every variant and repeat of one probe, sides interleaved ABBA (the first side
     alternates per repeat). Returns a failure
@@ -298,7 +335,9 @@ def _run_probe(
             # ABBA: the side that runs first alternates, so an order effect cancels out.
             order = list(trees.items()) if repeat % 2 == 0 else list(trees.items())[::-1]
             for side, tree in order:
-                lease.renew()
+                if side == "candidate":
+                    before_candidate()  # its checkout is ready (or raises its error here)
+                lease.check()
                 out = workdir / "out" / f"{probe.name}-{side}-{key}-{repeat}"
                 out.mkdir(parents=True)
                 sandbox.sandbox_prepare_dir(out, identity)
@@ -342,26 +381,24 @@ def _record(
     result: sandbox.SandboxResult, out: Path,
 ) -> None:
     rows, problems = read_metrics(out / "metrics.jsonl")
-    counted = instruction_rows(out)
-    rows += counted
+    rows += instruction_rows(out)
+    artifacts, more = artifacts_collect(out)  # files first, outside the transaction
     with transaction.atomic():
         lease.renew()
-        execution, created = ProbeExecution.objects.get_or_create(
-            experiment=experiment, attempt=lease.attempt, probe=probe, side=side,
-            variant=variant, repeat_index=repeat,
-            defaults={
-                "exit_code": result.exit_code, "reason": result.reason, "detail": "",
-                "wall_seconds": result.wall_seconds,
-                "stdout": printable(result.stdout[-KEPT_OUTPUT_BYTES:]),
-                "stderr": printable(result.stderr[-KEPT_OUTPUT_BYTES:]),
-            },
-        )
-        if not created:
+        try:
+            with transaction.atomic():  # the unique constraint: one result per attempt
+                execution = ProbeExecution.objects.create(
+                    experiment=experiment, attempt=lease.attempt, probe=probe, side=side,
+                    variant=variant, repeat_index=repeat, exit_code=result.exit_code,
+                    reason=result.reason, wall_seconds=result.wall_seconds,
+                    detail="\n".join([result.detail, *problems, *more]).strip(),
+                    stdout=printable(result.stdout[-KEPT_OUTPUT_BYTES:]),
+                    stderr=printable(result.stderr[-KEPT_OUTPUT_BYTES:]),
+                )
+        except IntegrityError:
             return
         samples_copy(execution, rows)
-        problems += artifacts_store(execution, out)
-        execution.detail = "\n".join([result.detail, *problems]).strip()
-        execution.save(update_fields=["detail"])
+        artifacts_link(execution, artifacts)
 
 
 def _finish(lease: _Lease, *, failure: str, feedback: dict[str, Any] | None = None) -> None:

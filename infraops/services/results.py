@@ -136,9 +136,15 @@ def samples_copy(execution: ProbeExecution, rows: list[MetricRow]) -> int:
     return len(rows)
 
 
-def artifacts_store(execution: ProbeExecution, out_dir: Path) -> list[str]:
-    """Keep every regular file the probe wrote (outputs/, trace.json, junit.xml, …) in the
-    blob store; returns problems (skipped links, caps reached)."""
+def artifacts_link(execution: ProbeExecution, kept: list[Artifact]) -> None:
+    for artifact in kept:
+        artifact.execution = execution
+    Artifact.objects.bulk_create(kept)
+
+
+def artifacts_collect(out_dir: Path) -> tuple[list[Artifact], list[str]]:
+    """Copy every regular file of out_dir into the blob store (no database: run it outside a
+    transaction); returns unsaved Artifact rows and the problems met."""
     root = Path(settings.DATA_DIR) / "blobs"
     problems: list[str] = []
     kept: list[Artifact] = []
@@ -159,9 +165,8 @@ def artifacts_store(execution: ProbeExecution, out_dir: Path) -> list[str]:
             break
         sha, size = blob_put(root, path)
         total += size
-        kept.append(Artifact(execution=execution, name=name[:300], sha256=sha, size=size))
-    Artifact.objects.bulk_create(kept)
-    return problems
+        kept.append(Artifact(name=name[:300], sha256=sha, size=size))
+    return kept, problems
 
 
 class LogStream:

@@ -91,7 +91,9 @@ def test_the_channel_layer_is_redis_not_in_memory() -> None:
     assert "InMemory" not in type(layer).__name__
 
 
-def test_check_deploy_is_clean_with_production_settings() -> None:
+def test_check_deploy_is_clean_with_production_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The suite sets it for Playwright's sync API; a deployment never does.
+    monkeypatch.delenv("DJANGO_ALLOW_ASYNC_UNSAFE", raising=False)
     result = manage("check", "--deploy", SECRET_KEY="p" * 20 + "-production-secret-" + "q" * 30,
                     INFRAOPS_SECURE="true", DEBUG="false", ALLOWED_HOSTS="infraops.example.com")
 
