@@ -22,7 +22,7 @@ from infraops import correctness, feedback, stats, traces
 from infraops.analysis import evaluate_criterion_ci
 from infraops.blobs import blob_path
 from infraops.feedback import Finding
-from infraops.manifest import Manifest, Probe
+from infraops.manifest import DEFAULT_ATOL, DEFAULT_RTOL, Manifest, Probe
 from infraops.models import Artifact, Experiment, ProbeExecution, Sample, variant_key
 
 TRACE_MAX_BYTES = 64 << 20
@@ -146,8 +146,8 @@ def _correctness(probe: Probe, runs: dict[tuple[str, str, str, int], ProbeExecut
                  scratch: Path, extras: dict[str, Any], experiment: Experiment
                  ) -> list[Finding]:
     found: list[Finding] = []
-    rtol = probe.compare[0].rtol if probe.compare else correctness_default_rtol()
-    atol = probe.compare[0].atol if probe.compare else 1e-8
+    rtol = probe.compare[0].rtol if probe.compare else DEFAULT_RTOL
+    atol = probe.compare[0].atol if probe.compare else DEFAULT_ATOL
     for variant in probe.variant_matrix():
         key = variant_key(variant)
         base = runs.get((probe.name, "baseline", key, 0))
@@ -167,10 +167,6 @@ def _correctness(probe: Probe, runs: dict[tuple[str, str, str, int], ProbeExecut
                     runs.get((probe.name, side, variant_key(variant), 0)),
                     scratch, extras, rtol=rule.rtol, atol=rule.atol)
     return found
-
-
-def correctness_default_rtol() -> float:
-    return 1e-5
 
 
 def _compare_pair(probe: Probe, label: str, reference: ProbeExecution | None,
