@@ -144,6 +144,7 @@ def bench_dispatch_and_wall(target) -> None:  # type: ignore[no-untyped-def]
     base = target.manifest_commit
     dispatch: list[float] = []
     ratios: list[float] = []
+    overheads: list[float] = []
     direct = direct_probe_seconds(target)
     for n in range(12):
         sha = candidate(target, n)
@@ -152,8 +153,14 @@ def bench_dispatch_and_wall(target) -> None:  # type: ignore[no-untyped-def]
         assert done.status == "succeeded", done.failure_reason
         dispatch.append((done.started_at - done.created_at).total_seconds() * 1000)
         ratios.append((done.finished_at - done.created_at).total_seconds() / (2 * direct))
+        walls = sum(done.executions.values_list("wall_seconds", flat=True))
+        overheads.append(((done.finished_at - done.started_at).total_seconds() - walls) * 1000)
     figure("dispatch_overhead_p95_ms", statistics.quantiles(dispatch, n=20)[-1], "ms")
+    figure("dispatch_overhead_median_ms", statistics.median(dispatch), "ms")
     figure("wall_ratio_1s_probe", statistics.median(ratios), "ratio")
+    # Where the rest goes: time in the worker beyond the sandboxed runs themselves.
+    figure("worker_overhead_median_ms", statistics.median(overheads), "ms")
+    figure("probe_direct_s", direct, "s")
 
 
 def direct_probe_seconds(target) -> float:  # type: ignore[no-untyped-def]
