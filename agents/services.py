@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import statistics
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -426,3 +427,37 @@ def hypothesis_add(*, run: AgentRun, user: User | AnonymousUser, title: str,
         audit_record(actor=author, action="run.hypothesis", obj=run,
                      data={"hypothesis": hypothesis.pk})
     return hypothesis
+
+
+# --- recovery ------------------------------------------------------------------------------
+
+STALLED_AFTER = timedelta(minutes=10)
+
+
+def run_pause_for_error(*, run_id: int, error: BaseException) -> None:
+    """Pause a run whose step raised something unexpected, with the reason on its page."""
+    reason = f"a step failed: {type(error).__name__}: {str(error)[:300]}"
+    with transaction.atomic():
+        run = AgentRun.objects.select_for_update().filter(
+            pk=run_id, status=AgentRun.Status.RUNNING).first()
+        if run is not None:
+            _pause(run, reason)
+
+
+def runs_reap() -> list[int]:
+    """Re-queue the next step of running runs that wait for nothing and have not moved for
+    STALLED_AFTER (their step message was lost with a killed worker). Safe: a step number
+    already taken is skipped. Returns the run ids re-queued."""
+    quiet_since = timezone.now() - STALLED_AFTER
+    stalled = list(AgentRun.objects.filter(status=AgentRun.Status.RUNNING)
+                   .exclude(events__created_at__gte=quiet_since)
+                   .values_list("pk", flat=True).distinct())
+    requeued = []
+    for pk in stalled:
+        with transaction.atomic():
+            run = (AgentRun.objects.select_for_update(skip_locked=True)
+                   .filter(pk=pk, status=AgentRun.Status.RUNNING).first())
+            if run is not None and run.state.get("waiting_for") is None:
+                _enqueue_step(run)
+                requeued.append(run.pk)
+    return requeued

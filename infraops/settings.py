@@ -224,6 +224,7 @@ CELERY_TASK_ROUTES = {
 }
 CELERY_BEAT_SCHEDULE = {
     "reap-expired-leases": {"task": "infraops.tasks.experiments_reap", "schedule": 30.0},
+    "requeue-stalled-runs": {"task": "agents.tasks.runs_reap", "schedule": 60.0},
 }
 
 LOGGING = {

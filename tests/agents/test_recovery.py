@@ -1,0 +1,53 @@
+"""Runs never stall silently: a step that raises pauses its run with the reason, and the
+reaper re-queues the next step of a running run whose step message was lost."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from agents import tasks
+from agents.models import AgentRun, RunEvent
+from agents.services import run_start, runs_reap
+from infraops.models import Goal
+
+
+def started(goal: Goal, user: User, capture: Any) -> AgentRun:
+    with capture(execute=False):
+        return run_start(goal=goal, user=user)
+
+
+def test_a_step_that_raises_unexpectedly_pauses_the_run_with_the_reason(
+    example_goal: Goal, engineer: User, django_capture_on_commit_callbacks: Any,
+) -> None:
+    run = started(example_goal, engineer, django_capture_on_commit_callbacks)
+    AgentRun.objects.filter(pk=run.pk).update(state={"trials": "not a list"})
+
+    with django_capture_on_commit_callbacks(execute=False):
+        tasks.agent_step(run.pk, 0)  # the task body, as the worker runs it
+
+    run.refresh_from_db()
+    assert run.status == AgentRun.Status.PAUSED
+    assert run.stop_reason.startswith("a step failed: ")
+    assert run.events.filter(message__startswith="Run paused: a step failed").exists()
+
+
+def test_the_reaper_requeues_only_running_runs_that_stalled_without_waiting(
+    example_goal: Goal, engineer: User, django_capture_on_commit_callbacks: Any,
+) -> None:
+    stalled = started(example_goal, engineer, django_capture_on_commit_callbacks)
+    fresh = started(example_goal, engineer, django_capture_on_commit_callbacks)
+    waiting = started(example_goal, engineer, django_capture_on_commit_callbacks)
+    long_ago = timezone.now() - timedelta(minutes=30)
+    RunEvent.objects.filter(run__in=[stalled, waiting]).update(created_at=long_ago)
+    AgentRun.objects.filter(pk=waiting.pk).update(state={"waiting_for": 1})
+
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        requeued = runs_reap()
+
+    assert requeued == [stalled.pk]
+    assert len(callbacks) == 1
+    assert fresh.pk not in requeued
