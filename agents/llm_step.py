@@ -78,21 +78,49 @@ class StepOutcome:
     retry_after: float | None = None
 
 
-def llm_step(run: AgentRun) -> StepOutcome:
-    """Called by run_step under the run's row lock. May set run.state['waiting_for'] or
-    run.state['finish'] = (status, reason)."""
+@dataclass
+class Prepared:
+    """What a step sends, read under the run's lock; the model is called after it is released
+    (a slow model must not hold Pause and Cancel), and `marks` are applied only if the step's
+    result is kept."""
+
+    messages: list[dict[str, Any]]
+    news: list[dict[str, Any]]
+    marks: dict[str, list[int]]
+    config: llm.LLMConfig
+
+
+def llm_prepare(run: AgentRun) -> Prepared:
     spec = run.goal_version.spec
-    messages = build_messages(run, spec)
-    config = llm_config(spec.get("model_name", ""))
+    news, marks = _news(run)
+    return Prepared(build_messages(run, spec) + news, news, marks,
+                    llm_config(spec.get("model_name", "")))
+
+
+def llm_call(prepared: Prepared) -> llm.LLMReply | StepOutcome:
+    """The model's turn; no database. Errors come back as the step's outcome."""
     try:
-        reply = llm.chat(config, messages, tools.TOOL_SPECS, secrets=known_secrets())
+        return llm.chat(prepared.config, prepared.messages, tools.TOOL_SPECS,
+                        secrets=known_secrets())
     except llm.LLMRetryLater as exc:
         return StepOutcome(f"The model asked to retry in {exc.retry_after:.0f} s; "
                            "the step is re-scheduled.", "llm.wait", {}, {},
                            retry_after=exc.retry_after)
     except llm.LLMError as exc:
-        run.state["finish"] = (AgentRun.Status.FAILED, f"the model could not be reached: {exc}")
         return StepOutcome(f"LLM error: {exc}", "llm.error", {}, {"error": str(exc)})
+
+
+def llm_apply(run: AgentRun, prepared: Prepared, reply: llm.LLMReply | StepOutcome
+              ) -> StepOutcome:
+    """Called under the run's row lock again: run the tool calls, account the usage. May set
+    run.state['waiting_for'], ['finish'] = (status, reason) or ['pause'] = reason."""
+    if isinstance(reply, StepOutcome):
+        if reply.tool == "llm.error":
+            run.state["finish"] = (AgentRun.Status.FAILED,
+                                   f"the model could not be reached: {reply.result['error']}")
+        return reply
+    spec = run.goal_version.spec
+    _mark_delivered(run, prepared.marks)
     run.tokens_used += reply.prompt_tokens + reply.completion_tokens
     run.cost_usd += type(run.cost_usd)(str(round(reply.cost_usd, 6)))
     assistant = {"role": "assistant", "content": reply.content,
@@ -105,7 +133,8 @@ def llm_step(run: AgentRun) -> StepOutcome:
     _check_token_budget(run, spec)
     names = ", ".join(c.name for c in reply.tool_calls) or "no tool"
     summary = (reply.content or "").strip().splitlines()[0][:300] if reply.content else ""
-    return StepOutcome(summary or f"called {names}", names, {"assistant": assistant},
+    return StepOutcome(summary or f"called {names}", names,
+                       {"news": prepared.news, "assistant": assistant},
                        {"tool_results": results, "usage": {
                            "prompt": reply.prompt_tokens, "completion": reply.completion_tokens,
                            "cost_usd": reply.cost_usd}})
@@ -139,11 +168,11 @@ def build_messages(run: AgentRun, spec: dict[str, Any]) -> list[dict[str, Any]]:
         assistant = step.arguments.get("assistant")
         if not assistant:
             continue
+        messages += step.arguments.get("news", [])  # what the model had read before acting
         messages.append(assistant)
         for result in step.result.get("tool_results", []):
             messages.append({"role": "tool", "tool_call_id": result["id"],
                              "content": result["content"]})
-    messages += _news(run)
     return messages
 
 
@@ -156,36 +185,45 @@ def _manifest_summary(run: AgentRun) -> dict[str, Any]:
             "knobs": [{"name": k.name, "file": k.file} for k in manifest.knobs]}
 
 
-def _news(run: AgentRun) -> list[dict[str, Any]]:
+def _news(run: AgentRun) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
     """What happened since the last step: finished experiments, people's messages and
-    hypotheses, reviewers' decisions. Marked delivered so each arrives once."""
+    hypotheses, reviewers' decisions; with the ids to mark delivered once the step is kept."""
     news: list[dict[str, Any]] = []
-    delivered = run.state.setdefault("delivered", {"experiments": [], "decisions": []})
+    marks: dict[str, list[int]] = {"experiments": [], "messages": [], "hypotheses": [],
+                                   "decisions": []}
+    delivered = run.state.get("delivered", {})
     for experiment in run.experiments.filter(status__in=["succeeded", "failed"]).exclude(
-            pk__in=delivered["experiments"]).order_by("pk"):
+            pk__in=delivered.get("experiments", [])).order_by("pk"):
         text = experiment.feedback.get("agent_text", "") or experiment.failure_reason
         news.append({"role": "user", "content": f"Experiment {experiment.pk} "
                      f"{experiment.status}. Its feedback:\n{untrusted(text)}"})
-        delivered["experiments"].append(experiment.pk)
+        marks["experiments"].append(experiment.pk)
     for message in RunMessage.objects.filter(run=run, delivered_at_step__isnull=True):
         news.append({"role": "user", "content": f"Message from {message.author} "
                      f"(engineer steering this run): {message.text}"})
-        message.delivered_at_step = run.step_count + 1
-        message.save(update_fields=["delivered_at_step"])
+        marks["messages"].append(message.pk)
     for hypothesis in run.hypotheses.filter(author__isnull=False).exclude(
-            pk__in=run.state.get("delivered_hypotheses", [])):
+            pk__in=delivered.get("hypotheses", [])):
         news.append({"role": "user", "content": f"Message from {hypothesis.author}: a "
                      f"hypothesis to test (ledger id {hypothesis.pk}): {hypothesis.title}. "
                      f"{hypothesis.rationale}"})
-        run.state.setdefault("delivered_hypotheses", []).append(hypothesis.pk)
+        marks["hypotheses"].append(hypothesis.pk)
     decisions = ReviewDecision.objects.filter(change__runs=run).exclude(
-        pk__in=delivered["decisions"]).select_related("reviewer", "change")
+        pk__in=delivered.get("decisions", [])).select_related("reviewer", "change")
     for decision in decisions:
         news.append({"role": "user", "content": f"Message from reviewer {decision.reviewer}: "
                      f"change {decision.change_id} {decision.get_decision_display()}. "
                      f"{decision.comment}"})
-        delivered["decisions"].append(decision.pk)
-    return news
+        marks["decisions"].append(decision.pk)
+    return news, marks
+
+
+def _mark_delivered(run: AgentRun, marks: dict[str, list[int]]) -> None:
+    delivered = run.state.setdefault("delivered", {})
+    for kind in ("experiments", "hypotheses", "decisions"):
+        delivered.setdefault(kind, []).extend(marks[kind])
+    RunMessage.objects.filter(pk__in=marks["messages"]).update(
+        delivered_at_step=run.step_count + 1)
 
 
 # --- tools -------------------------------------------------------------------------------------

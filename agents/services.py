@@ -18,7 +18,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents.events import run_event
-from agents.llm_step import llm_step, no_progress, run_worktree
+from agents.llm_step import (
+    StepOutcome,
+    llm_apply,
+    llm_call,
+    llm_prepare,
+    no_progress,
+    run_worktree,
+)
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
 from agents.policies import tuner
 from infraops import gitops
@@ -84,58 +91,85 @@ def run_start(*, goal: Goal, user: User | AnonymousUser) -> AgentRun:
 
 
 def run_step(*, run_id: int, number: int) -> AgentRun | None:
-    """Take step `number` of the run, unless it is not running or that step was taken."""
+    """Take step `number` of the run, unless it is not running or that step was taken.
+
+    The tuner's step runs under the run's row lock. The LLM's step reads under the lock,
+    calls the model with the lock released (Pause and Cancel never wait on a slow model), then
+    locks again and keeps the reply only if the run is still at this step and running.
+    """
     with transaction.atomic():
-        run = (AgentRun.objects.select_for_update().select_related("goal_version", "target")
-               .filter(pk=run_id).first())
-        if run is None or run.status != AgentRun.Status.RUNNING or run.step_count != number:
-            return None
-        if run.state.get("waiting_for") is not None:
-            return None
-        stop = _budget_exhausted(run)
-        if stop:
-            _finish(run, AgentRun.Status.SUCCEEDED if run.changes.exists()
-                    else AgentRun.Status.FAILED, stop)
+        run = _locked_for_step(run_id, number)
+        if run is None or run.is_finished or run.status == AgentRun.Status.PAUSED:
             return run
-        stuck = no_progress(run) if run.policy == Goal.Policy.LLM else ""
-        if stuck:
-            _pause(run, stuck)
-            return run
-        retry_after = None
-        try:
-            if run.policy == Goal.Policy.LLM:
-                outcome = llm_step(run)
-                summary, tool, arguments, result = (outcome.summary, outcome.tool,
-                                                    outcome.arguments, outcome.result)
-                retry_after = outcome.retry_after
-            else:
+        if run.policy != Goal.Policy.LLM:
+            try:
                 summary, tool, arguments, result = _tuner_step(run)
+            except (DomainError, gitops.GitError) as exc:
+                _finish(run, AgentRun.Status.FAILED, str(exc))
+                return run
+            _record_step(run, StepOutcome(summary, tool, arguments, result))
+            return run
+        prepared = llm_prepare(run)
+    reply = llm_call(prepared)
+    with transaction.atomic():
+        run = _locked_for_step(run_id, number, checks=False)
+        if run is None or run.status != AgentRun.Status.RUNNING:
+            return run  # paused, cancelled or taken meanwhile: the reply is not kept
+        try:
+            outcome = llm_apply(run, prepared, reply)
         except (DomainError, gitops.GitError) as exc:
             _finish(run, AgentRun.Status.FAILED, str(exc))
             return run
-        if retry_after is not None:
-            # The model asked us to wait: the step is taken again later, nothing counted.
-            run.save(update_fields=["state"])
-            _enqueue_step(run, countdown=retry_after)
-            run_event(run_id=run.pk, kind="status", message=summary)
-            return run
-        run.step_count += 1
-        Step.objects.create(run=run, number=run.step_count, summary=summary, tool=tool,
-                            arguments=arguments, result=result)
-        ending = run.state.pop("finish", None)
-        pause = run.state.pop("pause", None)
-        run.save(update_fields=["step_count", "state", "experiment_count", "tokens_used",
-                                "cost_usd", "malformed_in_row", "branch"])
-        run_event(run_id=run.pk, kind="step", message=f"Step {run.step_count}: {summary}",
-                  data={"tool": tool} | (
-                      {"change": result["change"]} if "change" in result else {}))
-        if ending is not None:
-            _finish(run, *ending)
-        elif pause is not None:
-            _pause(run, pause)
-        elif run.state.get("waiting_for") is None:
-            _enqueue_step(run)
+        _record_step(run, outcome)
     return run
+
+
+def _locked_for_step(run_id: int, number: int, *, checks: bool = True) -> AgentRun | None:
+    """The run under its row lock when step `number` is due; with checks, a run out of budget
+    ends and a stuck one pauses here (the returned run then says so)."""
+    run = (AgentRun.objects.select_for_update().select_related("goal_version", "target")
+           .filter(pk=run_id).first())
+    if run is None or run.status != AgentRun.Status.RUNNING or run.step_count != number:
+        return None
+    if run.state.get("waiting_for") is not None:
+        return None
+    if not checks:
+        return run
+    stop = _budget_exhausted(run)
+    if stop:
+        _finish(run, AgentRun.Status.SUCCEEDED if run.changes.exists()
+                else AgentRun.Status.FAILED, stop)
+        return run
+    stuck = no_progress(run) if run.policy == Goal.Policy.LLM else ""
+    if stuck:
+        _pause(run, stuck)
+    return run
+
+
+def _record_step(run: AgentRun, outcome: StepOutcome) -> None:
+    """Keep one step's outcome: the Step row, its event, then end, pause, wait or go on."""
+    if outcome.retry_after is not None:
+        # The model asked us to wait: the step is taken again later, nothing counted.
+        run.save(update_fields=["state"])
+        _enqueue_step(run, countdown=outcome.retry_after)
+        run_event(run_id=run.pk, kind="status", message=outcome.summary)
+        return
+    run.step_count += 1
+    Step.objects.create(run=run, number=run.step_count, summary=outcome.summary,
+                        tool=outcome.tool, arguments=outcome.arguments, result=outcome.result)
+    ending = run.state.pop("finish", None)
+    pause = run.state.pop("pause", None)
+    run.save(update_fields=["step_count", "state", "experiment_count", "tokens_used",
+                            "cost_usd", "malformed_in_row", "branch"])
+    run_event(run_id=run.pk, kind="step", message=f"Step {run.step_count}: {outcome.summary}",
+              data={"tool": outcome.tool} | (
+                  {"change": outcome.result["change"]} if "change" in outcome.result else {}))
+    if ending is not None:
+        _finish(run, *ending)
+    elif pause is not None:
+        _pause(run, pause)
+    elif run.state.get("waiting_for") is None:
+        _enqueue_step(run)
 
 
 def _budget_exhausted(run: AgentRun) -> str:

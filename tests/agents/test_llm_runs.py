@@ -408,3 +408,48 @@ def test_the_token_budget_ends_the_run_at_the_turn_that_reaches_it(
     assert run.tokens_used == 1000
     assert "token budget spent (1000 of 1000)" in run.stop_reason
     assert len(stub.requests) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pause_during_a_slow_model_call_takes_effect_at_once_and_the_reply_is_not_kept(
+    settings: Any, example_target: Target, engineer: User,
+) -> None:
+    import threading
+    import time
+
+    from django.db import connection
+
+    from agents.services import run_pause
+    from tests.agents.openai_stub import StubReply
+
+    goal = Goal.objects.create(target=example_target, name="slow", probe="latency-bench",
+                               metric="latency_ms", policy=Goal.Policy.LLM, owner=engineer)
+    Boundary.objects.create(goal=goal, editable_paths="config/**")
+    version = goal_snapshot(goal=goal, user=engineer)
+    # Made directly: run_start would queue its first step through the broker.
+    run = AgentRun.objects.create(goal_version=version, target=example_target, policy="llm",
+                                  started_by=engineer, base_commit=example_target.manifest_commit,
+                                  manifest_sha256=example_target.manifest_sha256)
+    slow = completion(tool_calls=[call("list_files")])
+    with OpenAIStub([StubReply(body=slow.body, delay=2.0)]) as server:
+        settings.OPENAI_BASE_URL, settings.INFRAOPS_MODEL = server.base_url, "stub-model"
+        def take_step() -> None:
+            try:
+                run_step(run_id=run.pk, number=0)
+            finally:
+                connection.close()  # this thread's own connection
+
+        stepping = threading.Thread(target=take_step)
+        stepping.start()
+        deadline = time.monotonic() + 10
+        while not server.requests and time.monotonic() < deadline:
+            time.sleep(0.02)
+        started = time.monotonic()
+        run_pause(run=run, user=engineer)
+        paused_in = time.monotonic() - started
+        stepping.join(timeout=30)
+
+    run.refresh_from_db()
+    assert paused_in < 1.0  # it did not wait for the model's 2 s
+    assert run.status == AgentRun.Status.PAUSED
+    assert run.step_count == 0 and not run.steps.exists()
