@@ -21,6 +21,7 @@ from agents.events import run_event
 from agents.models import AgentRun, Hypothesis, RunMessage
 from infraops import gitops
 from infraops.errors import DomainError
+from infraops.manifest import Manifest, parse_manifest
 from infraops.models import Experiment
 from infraops.services.experiments import experiment_request
 from reviews.diff_policy import Policy, check_diff
@@ -244,12 +245,24 @@ def ensure_worktree(run: AgentRun) -> Path:
     return path
 
 
+def pinned_manifest(run: AgentRun) -> Manifest:
+    """The manifest at the run's base commit: the one the run pinned, whatever the target's
+    branch holds now (its stored copy when that is still the same commit)."""
+    target = run.target
+    if target.manifest_commit == run.base_commit and target.manifest_text:
+        return parse_manifest(target.manifest_text)
+    raw = gitops.read_file(target.clone_path, run.base_commit, "infraops.toml")
+    if raw is None:
+        raise DomainError("infraops.toml vanished from the run's base commit.")
+    return parse_manifest(raw.decode("utf-8", "replace"))
+
+
 def policy_for(run: AgentRun, spec: dict[str, Any]) -> Policy:
+    """The run's boundary as code: the pinned goal version's paths and caps, plus the pinned
+    manifest's protected paths (the manifest itself and every probe's files)."""
     boundary = spec["boundary"]
-    manifest = run.target.manifest()
-    protected = manifest.protected_paths() if manifest else ("infraops.toml",)
     return Policy(editable=boundary["editable_paths"],
-                  protected=[*boundary["protected_paths"], *protected],
+                  protected=[*boundary["protected_paths"], *pinned_manifest(run).protected_paths()],
                   forbidden_patterns=boundary["forbidden_patterns"],
                   max_diff_lines=boundary["max_diff_lines"])
 

@@ -24,6 +24,8 @@ from agents.llm_step import (
     llm_call,
     llm_prepare,
     no_progress,
+    pinned_manifest,
+    policy_for,
     run_worktree,
 )
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
@@ -38,7 +40,7 @@ from infraops.services.audit import audit_record
 from infraops.services.experiments import experiment_request
 from infraops.services.goals import goal_snapshot
 from infraops.services.targets import target_refresh_manifest
-from reviews.diff_policy import Policy, check_diff
+from reviews.diff_policy import check_diff
 from reviews.services import change_submit
 
 AGENT_AUTHOR = ("InfraOps agent", "agent@infraops.localhost")
@@ -203,10 +205,7 @@ def _finish(run: AgentRun, status: str, reason: str) -> None:
 def _tuner_step(run: AgentRun) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
     """One tuner action: read the last experiment, or try the next configuration, or submit."""
     spec = run.goal_version.spec
-    manifest = run.target.manifest()
-    if manifest is None or run.target.manifest_sha256 != run.manifest_sha256:
-        manifest = _pinned_manifest(run)
-    knobs = list(manifest.knobs)
+    knobs = list(pinned_manifest(run).knobs)
     trials: list[dict[str, Any]] = run.state.setdefault("trials", [])
     pending = next((t for t in trials if t.get("objective") is None and not t.get("failed")), None)
     if pending is not None:
@@ -215,15 +214,6 @@ def _tuner_step(run: AgentRun) -> tuple[str, str, dict[str, Any], dict[str, Any]
     if len(trials) < budget:
         return _tuner_try(run, knobs, trials, spec)
     return _tuner_submit(run, trials, spec)
-
-
-def _pinned_manifest(run: AgentRun) -> Any:
-    from infraops.manifest import parse_manifest
-
-    raw = gitops.read_file(run.target.clone_path, run.base_commit, "infraops.toml")
-    if raw is None:
-        raise DomainError("infraops.toml vanished from the run's base commit.")
-    return parse_manifest(raw.decode())
 
 
 def _tuner_try(run: AgentRun, knobs: list[Knob], trials: list[dict[str, Any]],
@@ -241,7 +231,7 @@ def _tuner_try(run: AgentRun, knobs: list[Knob], trials: list[dict[str, Any]],
         return (f"Configuration {params} is the current one: objective 1.0 by definition.",
                 "tuner.ask", {"params": params}, {"objective": 1.0})
     commit = _commit_configuration(run, knobs, params)
-    violations = check_diff(gitops.diff(repo, run.base_commit, commit), _policy(run, spec))
+    violations = check_diff(gitops.diff(repo, run.base_commit, commit), policy_for(run, spec))
     if violations:
         trial["failed"] = True
         run_event(run_id=run.pk, kind="refusal",
@@ -287,15 +277,6 @@ def _commit_configuration(run: AgentRun, knobs: list[Knob], params: dict[str, st
     if commit is None:
         raise DomainError(f"Setting {params} changed no file.")
     return commit
-
-
-def _policy(run: AgentRun, spec: dict[str, Any]) -> Policy:
-    boundary = spec["boundary"]
-    manifest = _pinned_manifest(run)
-    return Policy(editable=boundary["editable_paths"],
-                  protected=[*boundary["protected_paths"], *manifest.protected_paths()],
-                  forbidden_patterns=boundary["forbidden_patterns"],
-                  max_diff_lines=boundary["max_diff_lines"])
 
 
 def _comparisons(experiment: Experiment) -> list[MetricComparison]:
