@@ -344,10 +344,14 @@ def test_five_experiments_without_an_improvement_pause_the_run(
         run = run_start(goal=goal, user=engineer)
         queue = "256"
         for n, depth in enumerate(["128", "64", "32", "16", "8"]):
-            # max_queue does not change latency: no experiment can show an improvement.
-            stub.push(completion(tool_calls=[call("edit_file", path="config/serving.toml",
-                                                  old_text=f"max_queue = {queue}",
-                                                  new_text=f"max_queue = {depth}")]))
+            # batch_size = 0 makes the probe fail, so no experiment can show an improvement
+            # (a noise-free way to have none: latency-neutral edits could still, rarely, pass).
+            edits = [call("edit_file", path="config/serving.toml",
+                          old_text=f"max_queue = {queue}", new_text=f"max_queue = {depth}")]
+            if n == 0:
+                edits.insert(0, call("edit_file", path="config/serving.toml",
+                                     old_text="batch_size = 2", new_text="batch_size = 0"))
+            stub.push(completion(tool_calls=edits))
             stub.push(completion(tool_calls=[call("run_experiment", reason=f"queue {n}")]))
             queue = depth
             run = step(run)
