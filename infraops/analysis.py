@@ -22,6 +22,7 @@ class SampleRow:
     value: float
     unit: str = ""
     case: str = ""
+    execution: int = 0  # the ProbeExecution that reported it (0: not known)
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from infraops import gitops, sandbox
 from infraops.analysis import SampleRow, compare_samples
 from infraops.errors import DomainError
 from infraops.manifest import Manifest, ManifestError, Probe, parse_manifest
-from infraops.models import Experiment, ProbeExecution, Sample, Target, variant_key
-from infraops.services.analysis import experiment_feedback
+from infraops.models import Experiment, ProbeExecution, Target, variant_key
+from infraops.services.analysis import attempt_executions, attempt_samples, experiment_feedback
 from infraops.services.results import (
     LogStream,
     artifacts_collect,
@@ -132,7 +132,8 @@ def experiment_claim(*, experiment_id: int, worker: str) -> Experiment | None:
     now = timezone.now()
     with transaction.atomic():
         experiment = (
-            Experiment.objects.select_for_update(skip_locked=True)
+            Experiment.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("target")
             .filter(Q(status=Experiment.Status.QUEUED) | Q(status=Experiment.Status.RUNNING),
                     pk=experiment_id)
             .first()
@@ -285,8 +286,10 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
                             before_candidate=candidate_ready.result)
         ids = candidate_ready.result()
     Experiment.objects.filter(pk=experiment.pk).update(probe_files=ids)
-    _finish(lease, failure="; ".join(failures),
-            feedback=experiment_feedback(experiment, manifest, lease.attempt))
+    executions = attempt_executions(experiment.pk, lease.attempt)
+    rows = attempt_samples(executions)
+    _finish(lease, failure="; ".join(failures), rows=rows,
+            feedback=experiment_feedback(experiment, manifest, executions, rows))
 
 
 def _run_all(experiment: Experiment, lease: _Lease, probes: Sequence[Probe],
@@ -401,14 +404,11 @@ def _record(
         artifacts_link(execution, artifacts)
 
 
-def _finish(lease: _Lease, *, failure: str, feedback: dict[str, Any] | None = None) -> None:
-    rows = [
-        SampleRow(probe=s.probe, side=s.side, variant=s.variant, metric=s.metric,
-                  value=s.value, unit=s.unit, case=s.case)
-        for s in Sample.objects.filter(
-            experiment_id=lease.experiment_id, execution__attempt=lease.attempt
-        ).only("probe", "side", "variant", "metric", "value", "unit", "case")
-    ]
+def _finish(lease: _Lease, *, failure: str, feedback: dict[str, Any] | None = None,
+            rows: Sequence[SampleRow] | None = None) -> None:
+    """End the attempt with its summary (from rows, the attempt's samples, read when None)."""
+    if rows is None:
+        rows = attempt_samples(attempt_executions(lease.experiment_id, lease.attempt))
     summary = {"attempt": lease.attempt,
                "comparisons": [c.as_dict() for c in compare_samples(rows)]}
     with transaction.atomic():
