@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -314,6 +315,40 @@ def test_etc_shadow_cannot_be_read(dirs: Dirs) -> None:
     assert not {"shadow", "gshadow", "sudoers", "gitconfig"} & set(listing)
 
 
+def test_etc_follows_a_changed_source_file(dirs: Dirs, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = dirs.base / "etc"
+    source.mkdir()
+    (source / "hosts").write_text("127.0.0.1 first\n")
+    monkeypatch.setattr(sandbox, "_ETC_SOURCE", source)
+    folders = [sandbox._etc_snapshot()]
+    try:
+        assert run(dirs, "cat /etc/hosts").stdout == b"127.0.0.1 first\n"
+        (source / "hosts").write_text("127.0.0.1 second and longer\n")
+        folders.append(sandbox._etc_snapshot())
+        result = run(dirs, "cat /etc/hosts; ls /etc")
+        assert result.stdout.split(b"\n")[:2] == [b"127.0.0.1 second and longer", b"hosts"]
+        assert folders[0] != folders[1]
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder)
+
+
+def test_a_shared_etc_folder_that_others_may_write_fails_closed(
+    dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    source = dirs.base / "etc-writable"
+    source.mkdir()
+    (source / "hosts").write_text("127.0.0.1 third\n")
+    monkeypatch.setattr(sandbox, "_ETC_SOURCE", source)
+    folder = sandbox._etc_snapshot()
+    try:
+        folder.chmod(0o777)
+        with pytest.raises(SandboxUnavailable, match="only it may write"):
+            run(dirs, "true")
+    finally:
+        shutil.rmtree(folder)
+
+
 def test_a_planted_canary_outside_the_worktree_is_not_readable(dirs: Dirs) -> None:
     canary = dirs.base / "elsewhere" / "canary.txt"
     canary.parent.mkdir()
@@ -491,6 +526,21 @@ def test_background_processes_do_not_outlive_a_finished_run(
     assert (result.reason, result.stdout.split()[-1]) == ("ok", b"started")
     assert result.wall_seconds < 5
     assert_nothing_left(watch, dirs.identity, zombies, caplog)
+
+
+def test_a_namespace_counts_as_ended_only_once_its_init_has_exited() -> None:
+    # The shortcut that spares the post-run /proc scan; the containment tests above check
+    # with their own scan that it never skips a leftover.
+    init = subprocess.Popen(["sleep", MARKER])
+    namespace = sandbox._Namespace(
+        os.pidfd_open(init.pid), os.open(f"/proc/{init.pid}/ns/pid", os.O_RDONLY))
+    try:
+        assert not namespace.ended()
+        init.kill()
+        init.wait()
+        assert namespace.ended()
+    finally:
+        namespace.close()
 
 
 # --------------------------------------------------------------------------- failing closed
