@@ -427,6 +427,22 @@ def changed_paths(repo: Path, base: str, head: str) -> list[str]:
 # --------------------------------------------------------------------------- worktrees
 
 
+def tree_export(repo: Path, commit: str, path: Path) -> None:
+    """Write the files of ``commit`` into ``path``, a folder that must not exist yet: a checkout
+    without a worktree record or a .git, for probes (nothing on the host runs git in it).
+
+    One git call with an index of its own, deleted afterwards: no lock, nothing to prune, and
+    about half the time of ``worktree_add``. Raises GitError for an unknown commit."""
+    sha = _commit_id(repo, commit)
+    path.mkdir(parents=True)
+    index = path.with_name(f".{path.name}.index")
+    try:
+        _run(repo, ["--work-tree", str(path.resolve()), "read-tree", "--reset", "-u", sha],
+             env={"GIT_INDEX_FILE": str(index.resolve())})
+    finally:
+        index.unlink(missing_ok=True)
+
+
 def worktree_add(repo: Path, path: Path, commit: str, *, branch: str | None = None) -> None:
     """Check out ``commit`` in a new worktree at ``path`` (which must not exist or be empty).
 

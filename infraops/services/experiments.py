@@ -242,7 +242,7 @@ def experiment_execute(*, experiment_id: int, worker: str | None = None) -> Expe
     # A worker killed mid-attempt leaves its checkouts behind: this attempt removes them.
     for stale in workdir.parent.glob(f"exp-{experiment.pk}-a*"):
         if stale != workdir:
-            _cleanup(experiment.target, stale)
+            _cleanup(stale)
     try:
         with lease.kept_alive():
             _run_probes(experiment, lease, workdir)
@@ -252,7 +252,7 @@ def experiment_execute(*, experiment_id: int, worker: str | None = None) -> Expe
     except (DomainError, sandbox.SandboxUnavailable, gitops.GitError, ManifestError) as exc:
         _finish(lease, failure=str(exc))
     finally:
-        _cleanup(experiment.target, workdir)
+        _cleanup(workdir)
     experiment.refresh_from_db()
     return experiment
 
@@ -270,7 +270,7 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
     commits = {"baseline": experiment.baseline_commit, "candidate": experiment.candidate_commit}
 
     def checkout(side: str) -> None:
-        gitops.worktree_add(repo, trees[side], commits[side])
+        gitops.tree_export(repo, commits[side], trees[side])
         sandbox.sandbox_prepare_dir(trees[side], identity)
 
     def prepare_candidate() -> dict[str, str | None]:
@@ -279,7 +279,7 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
 
     checkout("baseline")
     # The candidate's checkout overlaps the baseline's first run (ABBA starts with the
-    # baseline); worktree changes themselves are serialised per repository by gitops.
+    # baseline).
     with ThreadPoolExecutor(max_workers=1) as pool:
         candidate_ready = pool.submit(prepare_candidate)
         failures = _run_all(experiment, lease, probes, trees, workdir, identity,
@@ -353,7 +353,6 @@ def _run_probe(
                     result = sandbox.sandbox_run(
                         sandbox.SandboxSpec(
                             command=measured_command(probe), workdir=tree, out_dir=out, env=env,
-                            readonly_binds=[(tree / ".git", "/work/.git")],
                             limits=sandbox.SandboxLimits(wall_seconds=probe.timeout),
                         ),
                         identity=identity, on_output=stream,
@@ -426,13 +425,8 @@ def _finish(lease: _Lease, *, failure: str, feedback: dict[str, Any] | None = No
             )
 
 
-def _cleanup(target: Target, workdir: Path) -> None:
-    for side in SIDES:
-        if (workdir / side).exists():
-            try:
-                gitops.worktree_remove(target.clone_path, workdir / side)
-            except gitops.GitError:
-                log.exception("could not remove worktree %s", workdir / side)
+def _cleanup(workdir: Path) -> None:
+    """Delete an attempt's checkouts and outputs (plain folders: see gitops.tree_export)."""
     shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -264,6 +264,51 @@ def test_commit_all_keeps_message_lines_that_start_with_a_hash(tmp_path: Path) -
     )
 
 
+def test_tree_export_writes_the_commits_files_and_leaves_no_trace_in_the_repository(
+    tmp_path: Path,
+) -> None:
+    origin = _origin(tmp_path)
+    changed = _commit_on(origin, tmp_path, "main", {"pkg/code.py": "x = 2\n", "run.sh": "true\n"},
+                         "second")
+    tree = tmp_path / "work" / "candidate"
+    refs_before = gitops.git(origin, "for-each-ref")
+    before = sorted(p.relative_to(origin) for p in origin.rglob("*") if "objects" not in p.parts)
+
+    gitops.tree_export(origin, changed, tree)
+
+    assert sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*")) == [
+        "README.md", "pkg", "pkg/code.py", "run.sh"]
+    assert (tree / "pkg" / "code.py").read_text() == "x = 2\n"
+    assert list(tree.parent.iterdir()) == [tree]  # its index is gone
+    assert gitops.git(origin, "for-each-ref") == refs_before
+    assert gitops._linked_worktrees(origin) == set()
+    after = sorted(p.relative_to(origin) for p in origin.rglob("*") if "objects" not in p.parts)
+    assert after == before
+
+
+def test_tree_export_keeps_symlinks_and_the_executable_bit(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _write(src, {"tool.sh": "#!/bin/sh\n"})
+    (src / "tool.sh").chmod(0o755)
+    (src / "link").symlink_to("tool.sh")
+    origin = tmp_path / "origin.git"
+    gitops.repo_init_from_dir(src, origin, branch="main", message="initial")
+
+    gitops.tree_export(origin, "main", tmp_path / "tree")
+
+    assert os.readlink(tmp_path / "tree" / "link") == "tool.sh"
+    assert os.access(tmp_path / "tree" / "tool.sh", os.X_OK)
+
+
+def test_tree_export_of_an_unknown_commit_fails_in_words_and_cleans_its_index(
+    tmp_path: Path,
+) -> None:
+    origin = _origin(tmp_path)
+    with pytest.raises(GitError, match=r"failed to unpack tree object 0{40}"):
+        gitops.tree_export(origin, "0" * 40, tmp_path / "work" / "baseline")
+    assert [p.name for p in (tmp_path / "work").iterdir()] == ["baseline"]
+
+
 def test_worktree_add_with_an_existing_branch_name_is_refused(tmp_path: Path) -> None:
     origin = _origin(tmp_path)
 
