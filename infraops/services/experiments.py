@@ -27,7 +27,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models import DateTimeField, F, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from infraops import gitops, sandbox
@@ -130,6 +131,17 @@ def experiment_claim(*, experiment_id: int, worker: str) -> Experiment | None:
     """Take the experiment for `worker` with a lease; None when someone else holds it, it is
     finished, or it ran out of attempts (then it is failed as poison)."""
     now = timezone.now()
+    # The usual case in one statement: a queued experiment with attempts left. A duplicate
+    # message's UPDATE waits for this row lock, then finds it running and takes the path below.
+    claimed = Experiment.objects.filter(
+        pk=experiment_id, status=Experiment.Status.QUEUED, attempts__lt=F("max_attempts"),
+    ).update(
+        status=Experiment.Status.RUNNING, attempts=F("attempts") + 1, claimed_by=worker,
+        lease_expires_at=now + LEASE,
+        started_at=Coalesce("started_at", Value(now, output_field=DateTimeField())),
+    )
+    if claimed:
+        return Experiment.objects.select_related("target").get(pk=experiment_id)
     with transaction.atomic():
         experiment = (
             Experiment.objects.select_for_update(skip_locked=True, of=("self",))
@@ -257,6 +269,19 @@ def experiment_execute(*, experiment_id: int, worker: str | None = None) -> Expe
     return experiment
 
 
+@dataclass
+class _Attempt:
+    """One attempt's run: where its checkouts and outputs live, and what it recorded."""
+
+    experiment: Experiment
+    lease: _Lease
+    workdir: Path
+    identity: sandbox.SandboxIdentity
+    trees: dict[str, Path]
+    before_candidate: Callable[[], object]  # waits for the candidate's checkout
+    samples: list[SampleRow] = field(default_factory=list)
+
+
 def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
     problem = sandbox.sandbox_check()
     if problem is not None:
@@ -282,26 +307,22 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
     # baseline).
     with ThreadPoolExecutor(max_workers=1) as pool:
         candidate_ready = pool.submit(prepare_candidate)
-        failures = _run_all(experiment, lease, probes, trees, workdir, identity,
-                            before_candidate=candidate_ready.result)
+        attempt = _Attempt(experiment, lease, workdir, identity, trees,
+                           before_candidate=candidate_ready.result)
+        failures = _run_all(attempt, probes)
         ids = candidate_ready.result()
-    Experiment.objects.filter(pk=experiment.pk).update(probe_files=ids)
     executions = attempt_executions(experiment.pk, lease.attempt)
-    rows = attempt_samples(executions)
-    _finish(lease, failure="; ".join(failures), rows=rows,
-            feedback=experiment_feedback(experiment, manifest, executions, rows))
+    _finish(lease, failure="; ".join(failures), rows=attempt.samples, probe_files=ids,
+            feedback=experiment_feedback(experiment, manifest, executions, attempt.samples))
 
 
-def _run_all(experiment: Experiment, lease: _Lease, probes: Sequence[Probe],
-             trees: dict[str, Path], workdir: Path, identity: sandbox.SandboxIdentity, *,
-             before_candidate: Callable[[], object]) -> list[str]:
+def _run_all(attempt: _Attempt, probes: Sequence[Probe]) -> list[str]:
     failures: list[str] = []
     for probe in probes:
-        failure = _run_probe(experiment, lease, probe, trees, workdir, identity,
-                             before_candidate)
+        failure = _run_probe(attempt, probe)
         if failure:
             failures.append(failure)
-            if experiment.stop_on_failure:
+            if attempt.experiment.stop_on_failure:
                 break  # a failing cheaper probe stops the costlier ones
     return failures
 
@@ -324,10 +345,7 @@ def _probe_file_ids(experiment: Experiment, probes: Sequence[Probe]) -> dict[str
     return gitops.blob_ids(experiment.target.clone_path, experiment.baseline_commit, paths)
 
 
-def _run_probe(
-    experiment: Experiment, lease: _Lease, probe: Probe, trees: dict[str, Path], workdir: Path,
-    identity: sandbox.SandboxIdentity, before_candidate: Callable[[], object],
-) -> str:
+def _run_probe(attempt: _Attempt, probe: Probe) -> str:
     """Run every variant and repeat of one probe, sides interleaved ABBA (the first side
     alternates per repeat). Returns a failure
     sentence, or '' when every execution exited 0."""
@@ -336,16 +354,17 @@ def _run_probe(
         key = variant_key(variant)
         for repeat in range(probe.repeat):
             # ABBA: the side that runs first alternates, so an order effect cancels out.
-            order = list(trees.items()) if repeat % 2 == 0 else list(trees.items())[::-1]
+            sides = list(attempt.trees.items())
+            order = sides if repeat % 2 == 0 else sides[::-1]
             for side, tree in order:
                 if side == "candidate":
-                    before_candidate()  # its checkout is ready (or raises its error here)
-                lease.check()
-                out = workdir / "out" / f"{probe.name}-{side}-{key}-{repeat}"
+                    attempt.before_candidate()  # its checkout is ready (or raises its error)
+                attempt.lease.check()
+                out = attempt.workdir / "out" / f"{probe.name}-{side}-{key}-{repeat}"
                 out.mkdir(parents=True)
-                sandbox.sandbox_prepare_dir(out, identity)
+                sandbox.sandbox_prepare_dir(out, attempt.identity)
                 label = f"{probe.name} {side} [{key or 'default'}] #{repeat}"
-                stream = LogStream(experiment.pk, label)
+                stream = LogStream(attempt.experiment.pk, label)
                 env = {k.upper(): v for k, v in variant.items()} | {
                     "INFRAOPS_SEED": str(seed), "INFRAOPS_REPEAT": str(repeat),
                 }
@@ -355,11 +374,11 @@ def _run_probe(
                             command=measured_command(probe), workdir=tree, out_dir=out, env=env,
                             limits=sandbox.SandboxLimits(wall_seconds=probe.timeout),
                         ),
-                        identity=identity, on_output=stream,
+                        identity=attempt.identity, on_output=stream,
                     )
                 finally:
                     stream.close()
-                _record(experiment, lease, probe.name, side, key, repeat, result, out)
+                attempt.samples += _record(attempt, probe.name, side, key, repeat, result, out)
                 if result.reason != "ok":
                     return f"probe {label} failed: {result.detail}"
     return ""
@@ -379,50 +398,60 @@ def measured_command(probe: Probe) -> str:
 
 
 def _record(
-    experiment: Experiment, lease: _Lease, probe: str, side: str, variant: str, repeat: int,
+    attempt: _Attempt, probe: str, side: str, variant: str, repeat: int,
     result: sandbox.SandboxResult, out: Path,
-) -> None:
+) -> list[SampleRow]:
+    """Store one execution with its samples and artifacts; returns the samples stored."""
+    experiment, lease = attempt.experiment, attempt.lease
     rows, problems = read_metrics(out / "metrics.jsonl")
     rows += instruction_rows(out)
     artifacts, more = artifacts_collect(out)  # files first, outside the transaction
-    with transaction.atomic():
-        lease.renew()
-        try:
-            with transaction.atomic():  # the unique constraint: one result per attempt
-                execution = ProbeExecution.objects.create(
-                    experiment=experiment, attempt=lease.attempt, probe=probe, side=side,
-                    variant=variant, repeat_index=repeat, exit_code=result.exit_code,
-                    reason=result.reason, wall_seconds=result.wall_seconds,
-                    detail="\n".join([result.detail, *problems, *more]).strip(),
-                    stdout=printable(result.stdout[-KEPT_OUTPUT_BYTES:]),
-                    stderr=printable(result.stderr[-KEPT_OUTPUT_BYTES:]),
-                )
-        except IntegrityError:
-            return
-        samples_copy(execution, rows)
-        artifacts_link(execution, artifacts)
+    try:
+        with transaction.atomic():
+            lease.renew()  # locks the row: nobody else writes for this attempt meanwhile
+            execution = ProbeExecution.objects.create(
+                experiment=experiment, attempt=lease.attempt, probe=probe, side=side,
+                variant=variant, repeat_index=repeat, exit_code=result.exit_code,
+                reason=result.reason, wall_seconds=result.wall_seconds,
+                detail="\n".join([result.detail, *problems, *more]).strip(),
+                stdout=printable(result.stdout[-KEPT_OUTPUT_BYTES:]),
+                stderr=printable(result.stderr[-KEPT_OUTPUT_BYTES:]),
+            )
+            samples_copy(execution, rows)
+            artifacts_link(execution, artifacts)
+    except IntegrityError:
+        # The unique constraint, one result per attempt: this one is recorded already (the
+        # whole transaction rolled back; no savepoint, which cost two round trips a run).
+        if ProbeExecution.objects.filter(
+                experiment=experiment, attempt=lease.attempt, probe=probe, side=side,
+                variant=variant, repeat_index=repeat).exists():
+            return []
+        raise
+    return [SampleRow(execution=execution.pk, probe=probe, side=side, variant=variant,
+                      metric=row["name"], value=row["value"], unit=row["unit"], case=row["case"])
+            for row in rows]
 
 
 def _finish(lease: _Lease, *, failure: str, feedback: dict[str, Any] | None = None,
-            rows: Sequence[SampleRow] | None = None) -> None:
+            rows: Sequence[SampleRow] | None = None,
+            probe_files: dict[str, str | None] | None = None) -> None:
     """End the attempt with its summary (from rows, the attempt's samples, read when None)."""
     if rows is None:
         rows = attempt_samples(attempt_executions(lease.experiment_id, lease.attempt))
     summary = {"attempt": lease.attempt,
                "comparisons": [c.as_dict() for c in compare_samples(rows)]}
-    with transaction.atomic():
-        finished = Experiment.objects.filter(
-            pk=lease.experiment_id, claimed_by=lease.worker, attempts=lease.attempt,
-            status=Experiment.Status.RUNNING,
-        ).update(
-            status=(Experiment.Status.FAILED if failure else Experiment.Status.SUCCEEDED),
-            failure_reason=failure, summary=summary, feedback=feedback or {},
-            finished_at=timezone.now(), lease_expires_at=None,
-        )
-        if finished == 1:
-            transaction.on_commit(
-                lambda: experiment_finished.send(Experiment, experiment_id=lease.experiment_id)
-            )
+    finished = Experiment.objects.filter(  # one statement: committed when it returns
+        pk=lease.experiment_id, claimed_by=lease.worker, attempts=lease.attempt,
+        status=Experiment.Status.RUNNING,
+    ).update(
+        status=(Experiment.Status.FAILED if failure else Experiment.Status.SUCCEEDED),
+        failure_reason=failure, summary=summary, feedback=feedback or {},
+        finished_at=timezone.now(), lease_expires_at=None,
+        **({} if probe_files is None else {"probe_files": probe_files}),
+    )
+    if finished == 1:  # after the commit (at once outside a transaction)
+        transaction.on_commit(
+            lambda: experiment_finished.send(Experiment, experiment_id=lease.experiment_id))
 
 
 def _cleanup(workdir: Path) -> None:

@@ -8,6 +8,7 @@ import json
 import re
 import socket
 import subprocess
+import threading
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -15,12 +16,16 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
 from agents.models import AgentRun
 from infraops import gitops, sandbox
+from infraops.analysis import compare_samples
 from infraops.models import Experiment, Goal, ProbeExecution, Sample, Target
+from infraops.services import experiments as experiments_service
+from infraops.services.analysis import attempt_executions, attempt_samples
 from infraops.services.experiments import (
     experiment_claim,
     experiment_execute,
@@ -142,6 +147,14 @@ def test_the_summary_compares_the_medians_of_latency(finished_experiment: Experi
     assert row["ratio"] == pytest.approx(row["candidate_median"] / row["baseline_median"])
 
 
+def test_the_summary_is_what_the_stored_samples_give(finished_experiment: Experiment) -> None:
+    # The worker summarises the samples it kept in memory; they must be the stored ones.
+    stored = attempt_samples(attempt_executions(finished_experiment.pk, 1))
+    assert len(stored) == 10
+    expected = [c.as_dict() for c in compare_samples(stored)]
+    assert finished_experiment.summary["comparisons"] == expected
+
+
 def test_the_manifest_hash_is_recorded(
     finished_experiment: Experiment, example_target: Target
 ) -> None:
@@ -190,6 +203,57 @@ def test_a_second_worker_cannot_claim_while_the_lease_is_live(
     assert second is None
     experiment.refresh_from_db()
     assert experiment.claimed_by == WORKER
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_claiming_the_same_experiments_at_once_get_each_exactly_once() -> None:
+    target = Target.objects.create(name="race", repo_url="file:///nowhere")
+    ids = [Experiment.objects.create(target=target, candidate_commit="1" * 40,
+                                     baseline_commit="0" * 40).pk for _ in range(30)]
+    start = threading.Barrier(2)
+    won: dict[str, list[int]] = {}
+
+    def claim_all(worker: str) -> None:
+        start.wait()
+        try:
+            won[worker] = [pk for pk in ids if experiment_claim(experiment_id=pk, worker=worker)]
+        finally:
+            connection.close()  # this thread's own
+
+    threads = [threading.Thread(target=claim_all, args=(f"race:{n}",)) for n in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(won["race:1"] + won["race:2"]) == ids
+    for pk, attempts, claimed_by in Experiment.objects.filter(pk__in=ids).values_list(
+            "pk", "attempts", "claimed_by"):
+        assert attempts == 1
+        assert pk in won[claimed_by]
+
+
+def test_recording_the_same_execution_twice_in_one_attempt_keeps_one(
+    example_target: Target, request_experiment: Callable[..., Experiment], tmp_path: Path,
+) -> None:
+    experiment = request_experiment(example_target)
+    claimed = experiment_claim(experiment_id=experiment.pk, worker=WORKER)
+    assert claimed is not None
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"name": "latency_ms", "value": 3.5}\n')
+    attempt = experiments_service._Attempt(
+        claimed, experiments_service._Lease(claimed.pk, WORKER, claimed.attempts), tmp_path,
+        sandbox.sandbox_identity(), trees={}, before_candidate=lambda: None)
+    result = sandbox.SandboxResult(exit_code=0, reason="ok", detail="exited with status 0",
+                                   stdout=b"", stderr=b"", output_truncated=False,
+                                   wall_seconds=0.1)
+
+    first = experiments_service._record(attempt, "latency-bench", "baseline", "", 0, result, out)
+    again = experiments_service._record(attempt, "latency-bench", "baseline", "", 0, result, out)
+
+    assert [row.value for row in first] == [3.5] and again == []
+    assert ProbeExecution.objects.filter(experiment=claimed).count() == 1
+    assert Sample.objects.filter(experiment=claimed).count() == 1
 
 
 def test_an_expired_lease_is_reaped_and_the_next_claim_is_a_new_attempt(
