@@ -10,12 +10,14 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from infraops import sandbox
@@ -526,6 +528,58 @@ def test_background_processes_do_not_outlive_a_finished_run(
     assert (result.reason, result.stdout.split()[-1]) == ("ok", b"started")
     assert result.wall_seconds < 5
     assert_nothing_left(watch, dirs.identity, zombies, caplog)
+
+
+SERVICE = """
+import os, sys
+from pathlib import Path
+from infraops import sandbox
+if sys.argv[1] == "python-supervisor":
+    sandbox.SUPERVISOR_BINARY = Path("/nonexistent/supervisor")
+work, out = Path(sys.argv[2]), Path(sys.argv[3])
+sandbox.sandbox_run(sandbox.SandboxSpec(
+    command="sleep " + os.environ["MARKER"], workdir=work, out_dir=out, env={}))
+"""
+
+
+def test_a_service_killed_mid_run_takes_every_process_of_the_run_with_it(
+    dirs: Dirs, supervisor: str,
+) -> None:
+    # What a SIGKILLed worker pool process leaves: the parent-death signals of the supervisor
+    # and of its child (set after the identity switch, which clears it) must end the run.
+    service = subprocess.Popen(
+        [sys.executable, "-c", SERVICE, supervisor, str(dirs.work), str(dirs.out)],
+        cwd=Path(__file__).resolve().parents[2], env=os.environ | {"MARKER": MARKER})
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            run_tree = psutil.Process(service.pid).children(recursive=True)
+            if ["sleep", MARKER] in (command_of(p) for p in run_tree):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the sandboxed sleep never started")
+    finally:
+        service.kill()
+        service.wait()
+    deadline = time.monotonic() + 5
+    while (alive := [p.pid for p in run_tree if still_running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive == []  # zombies aside: reaping them is the host init's job
+
+
+def command_of(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.NoSuchProcess:
+        return []
+
+
+def still_running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_a_namespace_counts_as_ended_only_once_its_init_has_exited() -> None:
