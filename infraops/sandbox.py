@@ -75,8 +75,10 @@ _ETC_FILES: Final = (
     "os-release", "debian_version", "mime.types", "ssl/certs", "ssl/openssl.cnf",
 )
 _ETC_SOURCE = Path("/etc")
+_ETC_COPIES = Path("/run/infraops-sandbox")  # see _etc_parent
 _TOP_LEVEL_LINKS: Final = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _SMALL_TMPFS_BYTES: Final = 64 << 20
+_ID_MAX: Final = (1 << 32) - 1
 
 _CHUNK: Final = 65536
 _TAIL_BYTES: Final = 8192
@@ -112,7 +114,9 @@ _FILE_SIZE_SIGNATURES: Final = (b"file too large",)
 _SUPERVISOR: Final = r"""
 import ctypes, errno, os, resource, signal, sys
 libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 24, 36, 38
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_GET_SECUREBITS, PR_SET_CHILD_SUBREAPER = 1, 24, 27, 36
+PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 38, 47, 4
+SYS_CAPSET = {"x86_64": 126, "aarch64": 91}.get(os.uname().machine)
 def fail(message):
     sys.stderr.write("infraops-sandbox: " + message + "\n")
     os._exit(125)
@@ -124,14 +128,30 @@ if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
 cpu, address_space, file_size, processes = (int(v) for v in sys.argv[2].split(","))
 status_fd, identity, argv = int(sys.argv[3]), sys.argv[4], sys.argv[5:]
 def become(uid, gid):
+    if not (0 < uid < 2**32 - 1 and 0 < gid < 2**32 - 1):
+        fail("malformed identity")
+    if libc.prctl(PR_GET_SECUREBITS, 0, 0, 0, 0) != 0:
+        fail("securebits are set: the switch to the sandbox user would keep capabilities")
     cap = 0
     while libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
         cap += 1
     if ctypes.get_errno() != errno.EINVAL:
         fail("cannot drop the capability bounding set")
+    if libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+        fail("cannot clear the ambient capabilities")
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
+    if SYS_CAPSET is not None:  # the inheritable set survives a uid change
+        header, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+        if libc.syscall(SYS_CAPSET, header, data) != 0:
+            fail("cannot clear the capabilities")
+    with open("/proc/self/status") as status:
+        caps = [line.split()[1] for line in status if line.startswith(("CapInh", "CapPrm",
+                                                                        "CapEff", "CapAmb"))]
+    if (os.getresuid() != (uid,) * 3 or os.getresgid() != (gid,) * 3 or os.getgroups()
+            or len(caps) != 4 or any(int(c, 16) for c in caps)):
+        fail("the switch to the sandbox user did not take")
 def limit(which, soft, hard):
     current = resource.getrlimit(which)[1]
     if current != resource.RLIM_INFINITY:
@@ -369,6 +389,9 @@ def _run_identity(identity: SandboxIdentity | None) -> SandboxIdentity:
         chosen = identity or sandbox_identity()
         if chosen.uid == 0 or chosen.gid == 0:
             raise SandboxUnavailable("Probes must not run as root: choose a non-root sandbox user.")
+        if not (0 < chosen.uid < _ID_MAX and 0 < chosen.gid < _ID_MAX):
+            # (uid_t)-1 means "unchanged" to setresuid: the run would stay root.
+            raise SandboxUnavailable(f"uid {chosen.uid} / gid {chosen.gid} is not a usable id.")
         return chosen
     own = SandboxIdentity(uid=os.getuid(), gid=os.getgid())
     if identity is not None and identity != own:
@@ -424,20 +447,36 @@ def _etc_snapshot() -> Path:
     mount where a bind per file cost 2.3 ms of every sandbox start here.
 
     Named after the sources' metadata, so a changed source (apt updating ld.so.cache, a new
-    time zone) gets a new folder; a folder in use is never changed. Shared by the processes of
-    one uid, accepted only when that uid owns it and nobody else may write it."""
+    time zone, update-ca-certificates changing ssl/certs) gets a new folder; a folder in use is
+    never changed. Shared by the processes of one uid, accepted only when that uid owns it and
+    nobody else may write it."""
     fingerprint = hashlib.sha256()
     for name in _ETC_FILES:
         with contextlib.suppress(OSError):
             info = os.lstat(_ETC_SOURCE / name)
             fingerprint.update(
                 f"{name} {info.st_ino} {info.st_mode} {info.st_size} {info.st_mtime_ns}\n".encode())
-    path = Path(tempfile.gettempdir(), f"infraops-sandbox-etc-{os.geteuid()}-"
-                                       f"{fingerprint.hexdigest()[:20]}")
     with _etc_lock:
+        path = _etc_parent() / f"etc-{os.geteuid()}-{fingerprint.hexdigest()[:20]}"
         if not _trusted_folder(path):
-            _etc_build(path)
+            try:
+                _etc_build(path)
+            except OSError as exc:
+                raise SandboxUnavailable(f"Could not copy /etc for the sandbox: {exc}.") from exc
     return path
+
+
+def _etc_parent() -> Path:
+    """Where the copies live: as root, a folder under /run that only root can create, so that
+    no other user can take the name first; otherwise the temp folder (a development setup)."""
+    if os.geteuid() != 0:
+        return Path(tempfile.gettempdir())
+    parent = _ETC_COPIES
+    parent.mkdir(exist_ok=True)
+    _trusted_folder(parent)
+    if stat.S_IMODE(parent.stat().st_mode) != 0o755:
+        parent.chmod(0o755)  # the sandbox uid passes through it (a umask may have said no)
+    return parent
 
 
 def _trusted_folder(path: Path) -> bool:
@@ -453,22 +492,28 @@ def _trusted_folder(path: Path) -> bool:
 
 
 def _etc_build(path: Path) -> None:
-    """Copy the files (symlinks as symlinks: they point into /usr or the copy itself) into a
-    private folder, then publish it under path in one rename."""
-    staging = Path(tempfile.mkdtemp(prefix=".infraops-sandbox-etc-", dir=path.parent))
+    """Copy the files (symlinks as symlinks: they point into /usr or the copy itself; modes
+    as they are, less group and other write) into a private folder, then publish it under path
+    in one rename."""
+    staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=path.parent))
     try:
+        made = [staging]
         for name in _ETC_FILES:
             source, copy = _ETC_SOURCE / name, staging / name
             if not os.path.lexists(source):
                 continue
-            copy.parent.mkdir(parents=True, exist_ok=True)
+            if not copy.parent.exists():
+                copy.parent.mkdir(parents=True)
+                made.append(copy.parent)
             if source.is_dir() and not source.is_symlink():
                 shutil.copytree(source, copy, symlinks=True)
             else:
                 shutil.copy2(source, copy, follow_symlinks=False)
         for entry in _tree_entries(staging):
             if not entry.is_symlink():
-                entry.chmod(0o755 if entry.is_dir() else 0o644)
+                entry.chmod(stat.S_IMODE(entry.lstat().st_mode) & ~0o022)
+        for folder in made:
+            folder.chmod(0o755)
         try:
             staging.rename(path)
         except OSError:
@@ -574,8 +619,9 @@ class _Namespace:
         """True once the init has exited. The kernel kills and reaps every other process of a
         pid namespace before its init's exit completes (the pidfd turns readable only then), and
         nothing can enter a namespace whose init is gone: no /proc scan is needed."""
-        readable, _, _ = select.select([self.init_pidfd], [], [], 0)
-        return bool(readable)
+        poller = select.poll()  # not select(): it refuses descriptors past 1023
+        poller.register(self.init_pidfd, select.POLLIN)
+        return bool(poller.poll(0))
 
     def members(self) -> list[int]:
         """Host pids of the processes still in the namespace."""

@@ -12,12 +12,14 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <grp.h>
+#include <linux/capability.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,13 +29,30 @@ static void fail(const char *message) {
 }
 
 static void become(uid_t uid, gid_t gid) {
+    if (prctl(PR_GET_SECUREBITS, 0, 0, 0, 0) != 0)
+        fail("securebits are set: the switch to the sandbox user would keep capabilities");
     for (int cap = 0;; cap++) {
         if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0) continue;
         if (errno == EINVAL) break; /* past the last capability */
         fail("cannot drop the capability bounding set");
     }
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0)
+        fail("cannot clear the ambient capabilities");
     if (setgroups(0, NULL) != 0 || setresgid(gid, gid, gid) != 0 || setresuid(uid, uid, uid) != 0)
         fail("cannot switch to the sandbox user");
+    /* The inheritable set survives a uid change: clear it with the rest. */
+    struct __user_cap_header_struct header = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    if (syscall(SYS_capset, &header, data) != 0) fail("cannot clear the capabilities");
+    uid_t ruid, euid, suid;
+    gid_t rgid, egid, sgid;
+    if (getresuid(&ruid, &euid, &suid) != 0 || getresgid(&rgid, &egid, &sgid) != 0
+        || ruid != uid || euid != uid || suid != uid || rgid != gid || egid != gid || sgid != gid
+        || getgroups(0, NULL) != 0 || syscall(SYS_capget, &header, data) != 0
+        || data[0].permitted || data[0].effective || data[0].inheritable
+        || data[1].permitted || data[1].effective || data[1].inheritable)
+        fail("the switch to the sandbox user did not take");
 }
 
 static void limit(int which, rlim_t soft, rlim_t hard) {
@@ -55,8 +74,11 @@ int main(int argc, char **argv) {
     if (sscanf(argv[2], "%llu,%llu,%llu,%llu", &cpu, &address_space, &file_size, &processes) != 4)
         fail("malformed limits");
     int status_fd = atoi(argv[3]);
-    long uid = -1, gid = -1;
-    if (strcmp(argv[4], "-") != 0 && (sscanf(argv[4], "%ld:%ld", &uid, &gid) != 2 || uid < 0 || gid < 0))
+    /* Not 0 and not (uid_t)-1, which setresuid takes for "unchanged": the run would stay root. */
+    long long uid = -1, gid = -1;
+    if (strcmp(argv[4], "-") != 0
+        && (sscanf(argv[4], "%lld:%lld", &uid, &gid) != 2 || uid <= 0 || gid <= 0
+            || uid >= 0xffffffffLL || gid >= 0xffffffffLL))
         fail("malformed identity");
     pid_t supervisor = getpid();
     pid_t pid = fork();

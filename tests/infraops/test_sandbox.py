@@ -268,6 +268,37 @@ def test_it_runs_as_a_non_root_uid_without_capabilities(dirs: Dirs) -> None:
     assert "NoNewPrivs:\t1" in lines
 
 
+@pytest.mark.skipif(not IS_ROOT, reason="only root switches to the sandbox identity")
+@pytest.mark.parametrize("identity", ["4294967295:999", "999:4294967295", "4294967296:999",
+                                      "0:999", "999:0", "-1:999"])
+def test_a_supervisor_refuses_an_identity_that_would_leave_the_run_as_root(
+    identity: str, supervisor: str,
+) -> None:
+    # (uid_t)-1 means "unchanged" to setresuid, and 2**32 wraps to 0.
+    if supervisor == "python-supervisor":
+        prefix = [sys.executable, "-I", "-S", "-c", sandbox._SUPERVISOR]
+    else:
+        prefix = [str(sandbox.SUPERVISOR_BINARY)]
+    status_read, status_write = os.pipe()
+    try:
+        result = subprocess.run(
+            [*prefix, str(os.getpid()), "10,1073741824,1073741824,64", str(status_write),
+             identity, "/usr/bin/id", "-u"],
+            pass_fds=(status_write,), capture_output=True, timeout=30, check=False)
+    finally:
+        os.close(status_read)
+        os.close(status_write)
+    assert (result.returncode, result.stdout) == (125, b"")
+    assert b"infraops-sandbox: malformed identity" in result.stderr
+
+
+def test_a_non_root_identity_out_of_range_is_refused_before_anything_starts() -> None:
+    if not IS_ROOT:
+        pytest.skip("only root chooses the identity")
+    with pytest.raises(SandboxUnavailable, match="not a usable id"):
+        sandbox._run_identity(SandboxIdentity(uid=(1 << 32) - 1, gid=999))
+
+
 def test_sandbox_check_passes_on_this_machine() -> None:
     assert sandbox_check() is None
 
@@ -347,6 +378,25 @@ def test_a_shared_etc_folder_that_others_may_write_fails_closed(
         folder.chmod(0o777)
         with pytest.raises(SandboxUnavailable, match="only it may write"):
             run(dirs, "true")
+    finally:
+        shutil.rmtree(folder)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the sandbox runs as our own uid")
+def test_an_etc_file_only_root_may_read_stays_unreadable(
+    dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    source = dirs.base / "etc-private"
+    source.mkdir()
+    (source / "hosts").write_text("127.0.0.1 public\n")
+    (source / "services").write_text("secret 1/tcp\n")
+    (source / "services").chmod(0o600)
+    monkeypatch.setattr(sandbox, "_ETC_SOURCE", source)
+    folder = sandbox._etc_snapshot()
+    try:
+        result = run(dirs, "cat /etc/hosts; cat /etc/services")
+        assert result.stdout == b"127.0.0.1 public\n"
+        assert b"Permission denied" in result.stderr
     finally:
         shutil.rmtree(folder)
 
