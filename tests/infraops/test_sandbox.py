@@ -348,57 +348,48 @@ def test_etc_shadow_cannot_be_read(dirs: Dirs) -> None:
     assert not {"shadow", "gshadow", "sudoers", "gitconfig"} & set(listing)
 
 
-def test_etc_follows_a_changed_source_file(dirs: Dirs, monkeypatch: pytest.MonkeyPatch) -> None:
-    source = dirs.base / "etc"
+@pytest.fixture
+def fake_etc(dirs: Dirs, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A stand-in for /etc holding `hosts`; the sandbox's copies of it are removed afterwards."""
+    source = dirs.base / "fake-etc"
     source.mkdir()
     (source / "hosts").write_text("127.0.0.1 first\n")
     monkeypatch.setattr(sandbox, "_ETC_SOURCE", source)
-    folders = [sandbox._etc_snapshot()]
-    try:
-        assert run(dirs, "cat /etc/hosts").stdout == b"127.0.0.1 first\n"
-        (source / "hosts").write_text("127.0.0.1 second and longer\n")
-        folders.append(sandbox._etc_snapshot())
-        result = run(dirs, "cat /etc/hosts; ls /etc")
-        assert result.stdout.split(b"\n")[:2] == [b"127.0.0.1 second and longer", b"hosts"]
-        assert folders[0] != folders[1]
-    finally:
-        for folder in folders:
-            shutil.rmtree(folder)
+    copies: list[Path] = []
+    real = sandbox._etc_snapshot
+
+    def recorded() -> Path:
+        copies.append(real())
+        return copies[-1]
+
+    monkeypatch.setattr(sandbox, "_etc_snapshot", recorded)
+    yield source
+    for folder in set(copies):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_etc_follows_a_changed_source_file(dirs: Dirs, fake_etc: Path) -> None:
+    assert run(dirs, "cat /etc/hosts").stdout == b"127.0.0.1 first\n"
+    (fake_etc / "hosts").write_text("127.0.0.1 second and longer\n")
+    result = run(dirs, "cat /etc/hosts; ls /etc")
+    assert result.stdout.split(b"\n")[:2] == [b"127.0.0.1 second and longer", b"hosts"]
 
 
 def test_a_shared_etc_folder_that_others_may_write_fails_closed(
-    dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
+    dirs: Dirs, fake_etc: Path,
 ) -> None:
-    source = dirs.base / "etc-writable"
-    source.mkdir()
-    (source / "hosts").write_text("127.0.0.1 third\n")
-    monkeypatch.setattr(sandbox, "_ETC_SOURCE", source)
-    folder = sandbox._etc_snapshot()
-    try:
-        folder.chmod(0o777)
-        with pytest.raises(SandboxUnavailable, match="only it may write"):
-            run(dirs, "true")
-    finally:
-        shutil.rmtree(folder)
+    sandbox._etc_snapshot().chmod(0o777)
+    with pytest.raises(SandboxUnavailable, match="only it may write"):
+        run(dirs, "true")
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="the sandbox runs as our own uid")
-def test_an_etc_file_only_root_may_read_stays_unreadable(
-    dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    source = dirs.base / "etc-private"
-    source.mkdir()
-    (source / "hosts").write_text("127.0.0.1 public\n")
-    (source / "services").write_text("secret 1/tcp\n")
-    (source / "services").chmod(0o600)
-    monkeypatch.setattr(sandbox, "_ETC_SOURCE", source)
-    folder = sandbox._etc_snapshot()
-    try:
-        result = run(dirs, "cat /etc/hosts; cat /etc/services")
-        assert result.stdout == b"127.0.0.1 public\n"
-        assert b"Permission denied" in result.stderr
-    finally:
-        shutil.rmtree(folder)
+def test_an_etc_file_only_root_may_read_stays_unreadable(dirs: Dirs, fake_etc: Path) -> None:
+    (fake_etc / "services").write_text("secret 1/tcp\n")
+    (fake_etc / "services").chmod(0o600)
+    result = run(dirs, "cat /etc/hosts; cat /etc/services")
+    assert result.stdout == b"127.0.0.1 first\n"
+    assert b"Permission denied" in result.stderr
 
 
 def test_a_planted_canary_outside_the_worktree_is_not_readable(dirs: Dirs) -> None:
