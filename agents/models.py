@@ -23,7 +23,7 @@ class AgentRun(models.Model):
         CANCELLED = "cancelled"
 
     goal_version = models.ForeignKey(GoalVersion, on_delete=models.PROTECT, related_name="runs")
-    target = models.ForeignKey(Target, on_delete=models.CASCADE, related_name="runs")
+    target = models.ForeignKey(Target, on_delete=models.PROTECT, related_name="runs")
     policy = models.CharField(max_length=10)
     status = models.CharField(max_length=10, choices=Status.choices, default="running")
     started_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT,

@@ -12,6 +12,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+# What identifies a criterion as measured; the merge gate matches these to the pinned version.
+CRITERION_KEYS = ("kind", "probe", "metric", "variant", "reference_variant", "comparison",
+                  "value")
+
 
 @dataclass(frozen=True)
 class SampleRow:

@@ -93,6 +93,12 @@ class Goal(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    auto_merge = models.BooleanField(
+        "merge automatically", default=False,
+        help_text="Let a change merge with no person when every check of the merge gate passes "
+                  "(no risk class, criteria passed on its head, clean feedback, confirmed end to "
+                  "end, base unmoved). Off: every change waits for a reviewer.",
+    )
     current_version = models.PositiveIntegerField(default=0, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -274,7 +280,7 @@ def variant_key(variant: dict[str, str]) -> str:
 class GoalVersion(models.Model):
     """An immutable snapshot of a goal with its boundary and criteria. Runs pin one."""
 
-    goal = models.ForeignKey(Goal, on_delete=models.CASCADE, related_name="versions")
+    goal = models.ForeignKey(Goal, on_delete=models.PROTECT, related_name="versions")
     number = models.PositiveIntegerField()
     spec = models.JSONField()
     created_by = models.ForeignKey(
@@ -307,7 +313,7 @@ class Experiment(models.Model):
         FAILED = "failed"
         CANCELLED = "cancelled"
 
-    target = models.ForeignKey(Target, on_delete=models.CASCADE, related_name="experiments")
+    target = models.ForeignKey(Target, on_delete=models.PROTECT, related_name="experiments")
     status = models.CharField(max_length=10, choices=Status.choices, default="queued")
     candidate_commit = models.CharField(max_length=40)
     baseline_commit = models.CharField(max_length=40)

@@ -116,6 +116,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django.contrib.postgres",
     "django_htmx",
     "template_partials",
     "channels",
@@ -226,10 +227,13 @@ CELERY_TASK_ROUTES = {
     "infraops.tasks.experiment_execute": {"queue": "experiments"},
     # Every installation runs agent workers (runs need them): the reaper goes there.
     "infraops.tasks.experiments_reap": {"queue": "agent"},
+    "reviews.tasks.*": {"queue": "agent"},
 }
 CELERY_BEAT_SCHEDULE = {
     "reap-expired-leases": {"task": "infraops.tasks.experiments_reap", "schedule": 30.0},
     "requeue-stalled-runs": {"task": "agents.tasks.runs_reap", "schedule": 60.0},
+    # Finishes merges a killed process left half done, and merges re-verified changes.
+    "advance-merges": {"task": "reviews.tasks.changes_reap", "schedule": 15.0},
 }
 
 LOGGING = {

@@ -20,7 +20,7 @@ import numpy as np
 from django.conf import settings
 
 from infraops import correctness, feedback, stats, traces
-from infraops.analysis import SampleRow, evaluate_criterion_ci
+from infraops.analysis import CRITERION_KEYS, SampleRow, evaluate_criterion_ci
 from infraops.blobs import blob_path
 from infraops.feedback import Finding
 from infraops.manifest import DEFAULT_ATOL, DEFAULT_RTOL, Manifest, Probe
@@ -371,5 +371,7 @@ def _criteria(experiment: Experiment, samples: dict[SampleKey, list[float]],
             "criteria", "criterion", feedback.PASS if verdict.passed else feedback.FAIL,
             verdict.criterion, verdict.detail, feedback.METRIC,
             {"probe": spec["probe"], "metric": spec["metric"], "criterion": spec.get("id"),
+             # The criterion as measured: the merge gate matches it to the pinned version's.
+             "spec": {k: spec.get(k) for k in CRITERION_KEYS},
              "verdict": verdict.as_dict()}))
     return found

@@ -39,6 +39,7 @@ def goal_spec(goal: Goal) -> dict[str, Any]:
         "absolute_target": goal.absolute_target,
         "policy": goal.policy,
         "model_name": goal.model_name,
+        "auto_merge": goal.auto_merge,
         "boundary": boundary.as_spec(),
         "criteria": [c.as_spec() for c in goal.criteria.order_by("pk")],
     }
