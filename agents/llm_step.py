@@ -25,7 +25,7 @@ from infraops.manifest import Manifest, parse_manifest
 from infraops.models import Experiment
 from infraops.services.experiments import experiment_request
 from reviews.diff_policy import Policy, check_diff
-from reviews.models import ReviewDecision
+from reviews.models import ReviewComment, ReviewDecision
 from reviews.services import change_submit
 
 AGENT_AUTHOR = ("InfraOps agent", "agent@infraops.localhost")
@@ -191,7 +191,7 @@ def _news(run: AgentRun) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
     hypotheses, reviewers' decisions; with the ids to mark delivered once the step is kept."""
     news: list[dict[str, Any]] = []
     marks: dict[str, list[int]] = {"experiments": [], "messages": [], "hypotheses": [],
-                                   "decisions": []}
+                                   "decisions": [], "comments": []}
     delivered = run.state.get("delivered", {})
     for experiment in run.experiments.filter(status__in=["succeeded", "failed"]).exclude(
             pk__in=delivered.get("experiments", [])).order_by("pk"):
@@ -216,12 +216,19 @@ def _news(run: AgentRun) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
                      f"change {decision.change_id} {decision.get_decision_display()}. "
                      f"{decision.comment}"})
         marks["decisions"].append(decision.pk)
+    comments = ReviewComment.objects.filter(change__runs=run).exclude(
+        pk__in=delivered.get("comments", [])).select_related("author")
+    for comment in comments:
+        news.append({"role": "user", "content": f"Comment from reviewer {comment.author} on "
+                     f"change {comment.change_id}, {comment.path} line {comment.line} "
+                     f"({'new' if comment.side == 'new' else 'old'} file): {comment.text}"})
+        marks["comments"].append(comment.pk)
     return news, marks
 
 
 def _mark_delivered(run: AgentRun, marks: dict[str, list[int]]) -> None:
     delivered = run.state.setdefault("delivered", {})
-    for kind in ("experiments", "hypotheses", "decisions"):
+    for kind in ("experiments", "hypotheses", "decisions", "comments"):
         delivered.setdefault(kind, []).extend(marks[kind])
     RunMessage.objects.filter(pk__in=marks["messages"]).update(
         delivered_at_step=run.step_count + 1)
@@ -305,8 +312,9 @@ def _tool_run_experiment(run: AgentRun, spec: dict[str, Any], worktree: Path,
     commit = gitops.commit_all(worktree, args.get("reason", "agent experiment")[:200],
                                author_name=AGENT_AUTHOR[0], author_email=AGENT_AUTHOR[1])
     head = commit or gitops.rev_parse(worktree, "HEAD")
-    violations = check_diff(gitops.diff(run.target.clone_path, run.base_commit, head),
-                            policy_for(run, spec))
+    repo = run.target.clone_path
+    violations = check_diff(gitops.diff(repo, run.base_commit, head), policy_for(run, spec),
+                            existing=gitops.list_files(repo, run.base_commit))
     if violations:
         reasons = "; ".join(str(v) for v in violations)
         return tools.ToolResult(False, json.dumps({"error": reasons}), {}, refusal=reasons)
@@ -391,7 +399,6 @@ def _tool_submit(run: AgentRun, args: dict[str, Any]) -> tools.ToolResult:
             {"error": "submit_change needs a succeeded experiment of this run as evidence"}), {})
     verdicts = [f["evidence"]["verdict"] for f in experiment.feedback.get("findings", [])
                 if f["layer"] == "criteria"]
-    criteria = run.goal_version.spec["criteria"]
     try:
         change = change_submit(
             target=run.target, title=args["title"], hypothesis=args["hypothesis"],
@@ -399,14 +406,16 @@ def _tool_submit(run: AgentRun, args: dict[str, Any]) -> tools.ToolResult:
                       "feedback": experiment.feedback.get("agent_text", "")},
             base_commit=run.base_commit, head_commit=experiment.candidate_commit,
             author_label=f"run {run.pk}", requested_by=run.started_by,
-            criteria_passed=len(verdicts) == len(criteria) and all(v["passed"] for v in verdicts))
+            goal_version=run.goal_version, experiment=experiment)
     except DomainError as exc:
         return tools.ToolResult(False, json.dumps({"error": str(exc)}), {})
     run.changes.add(change)
     run_event(run_id=run.pk, kind="change", message=f"Change {change.pk} submitted "
               f"({change.get_status_display()}).", data={"change": change.pk})
-    return tools.ToolResult(True, f"Change {change.pk} is {change.get_status_display()}.",
-                            {"change": change.pk})
+    failing = "; ".join(f"{c['title']}: {c['detail']}" for c in change.failing_checks)
+    gate_text = f" Merge gate checks failing: {failing}" if failing else " Every gate check passed."
+    return tools.ToolResult(True, f"Change {change.pk} is {change.get_status_display()}."
+                            + gate_text[:2000], {"change": change.pk})
 
 
 def _tool_finish(run: AgentRun, args: dict[str, Any]) -> tools.ToolResult:

@@ -231,7 +231,8 @@ def _tuner_try(run: AgentRun, knobs: list[Knob], trials: list[dict[str, Any]],
         return (f"Configuration {params} is the current one: objective 1.0 by definition.",
                 "tuner.ask", {"params": params}, {"objective": 1.0})
     commit = _commit_configuration(run, knobs, params)
-    violations = check_diff(gitops.diff(repo, run.base_commit, commit), policy_for(run, spec))
+    violations = check_diff(gitops.diff(repo, run.base_commit, commit), policy_for(run, spec),
+                            existing=gitops.list_files(repo, run.base_commit))
     if violations:
         trial["failed"] = True
         run_event(run_id=run.pk, kind="refusal",
@@ -336,9 +337,7 @@ def _tuner_submit(run: AgentRun, trials: list[dict[str, Any]], spec: dict[str, A
         evidence={"experiment": experiment.pk, "trials": trials, "criteria": verdicts,
                   "feedback": experiment.feedback.get("agent_text", "")},
         base_commit=run.base_commit, head_commit=best["commit"], author_label=f"run {run.pk}",
-        requested_by=run.started_by,
-        criteria_passed=(len(verdicts) == len(spec["criteria"])
-                         and all(v["passed"] for v in verdicts)),
+        requested_by=run.started_by, goal_version=run.goal_version, experiment=experiment,
     )
     run.changes.add(change)
     run_event(run_id=run.pk, kind="change",

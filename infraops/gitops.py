@@ -507,12 +507,29 @@ def _identity(author_name: str, author_email: str) -> dict[str, str]:
     return {"GIT_AUTHOR_NAME": author_name, "GIT_AUTHOR_EMAIL": author_email}
 
 
+# Config keys that make git run a program of the repository's choosing on the host while it
+# adds, merges or diffs. InfraOps never sets them, so any such entry was planted.
+_DRIVER_KEYS = r"^(filter|merge|diff)\..+\.(clean|smudge|process|driver|textconv|command)$"
+
+
+def _refuse_planted_drivers(repo: Path) -> None:
+    """GitError when the repository's config names a driver program (see _DRIVER_KEYS)."""
+    found = _run(repo, ["config", "--get-regexp", _DRIVER_KEYS], ok_codes=frozenset({0, 1}))
+    if found.returncode == 0:
+        keys = sorted({line.split()[0] for line in found.stdout.decode().splitlines() if line})
+        raise GitError(f"the repository at {repo} names driver programs in its git config "
+                       f"({', '.join(keys)}); InfraOps never sets these, so nothing runs until "
+                       "an operator removes them.")
+
+
 def commit_all(worktree: Path, message: str, *, author_name: str, author_email: str) -> str | None:
     """Stage every change in ``worktree`` (``git add --all``) and commit it.
 
     Returns the new commit's sha, or None when nothing changed (no commit is made).
-    The committer is the fixed InfraOps identity; no hook runs.
+    The committer is the fixed InfraOps identity; no hook runs, and a repository whose
+    config names a filter, merge or diff driver is refused (see _refuse_planted_drivers).
     """
+    _refuse_planted_drivers(worktree)
     git(worktree, "add", "--all")
     staged = _run(
         worktree, ["diff", "--cached", "--quiet", "--no-ext-diff"], ok_codes=frozenset({0, 1})
@@ -576,6 +593,7 @@ def merge(
     differ from the new tip, so merge into branches nobody has checked out.
     """
     _check_branch(repo, branch)
+    _refuse_planted_drivers(repo)
     ref = f"refs/heads/{branch}"
     if not branch_exists(repo, branch):
         raise GitError(f"branch {branch!r} does not exist in {repo}.")
@@ -595,6 +613,32 @@ def merge(
         new_tip = _commit_tree(repo, tree, parents=(tip, incoming), message=message, env=env)
     _compare_and_swap(repo, branch=branch, new=new_tip, old=tip)
     return new_tip
+
+
+def merge_commit(
+    repo: Path, *, tip: str, incoming: str, message: str, author_name: str, author_email: str
+) -> str:
+    """Write a two-parent commit (``tip`` first) of the merged trees of ``tip`` and
+    ``incoming`` and return its sha; no branch moves. MergeConflict (with the paths) when
+    they conflict. Always a real merge commit, even when ``tip`` is an ancestor of
+    ``incoming``, so the history keeps the message that says who merged what and why."""
+    _refuse_planted_drivers(repo)
+    tip, incoming = rev_parse(repo, tip), rev_parse(repo, incoming)
+    tree = _merge_tree(repo, branch=tip[:12], tip=tip, incoming=incoming)
+    return _commit_tree(repo, tree, parents=(tip, incoming), message=message,
+                        env=_identity(author_name, author_email))
+
+
+def is_ancestor(repo: Path, ancestor: str, descendant: str) -> bool:
+    """True when ``ancestor`` is ``descendant`` or one of its ancestors."""
+    return _is_ancestor(repo, rev_parse(repo, ancestor), rev_parse(repo, descendant))
+
+
+def keep_ref(repo: Path, name: str, commit: str) -> None:
+    """Point ``refs/infraops/<name>`` at ``commit`` so git's gc keeps an unmerged commit."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9/-]{0,100}", name) or "//" in name:
+        raise GitError(f"{name!r} is not a usable ref name.")
+    git(repo, "update-ref", f"refs/infraops/{name}", rev_parse(repo, commit))
 
 
 def _names_commit(repo: Path, rev: str, sha: str) -> bool:

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 from django.urls import path
 
-from reviews import views
+from reviews.views import change, queue
 
 app_name = "reviews"
 urlpatterns = [
-    path("", views.queue, name="queue"),
-    path("changes/<int:pk>/", views.change_detail, name="change"),
-    path("changes/<int:pk>/decide/", views.change_decide, name="decide"),
+    path("", queue.queue, name="queue"),
+    path("changes/<int:pk>/", change.change_detail, name="change"),
+    path("changes/<int:pk>/decide/", change.change_decide, name="decide"),
+    path("changes/<int:pk>/merge/", change.change_merge, name="merge"),
+    path("changes/<int:pk>/comments/", change.change_add_comment, name="comment"),
 ]

@@ -8,15 +8,18 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.utils import timezone
 
 from infraops import gitops
-from infraops.models import Target
+from infraops.analysis import CRITERION_KEYS
+from infraops.models import Boundary, Experiment, Goal, GoalVersion, Target
+from infraops.services.goals import goal_snapshot
 from reviews.models import Change
 from reviews.services import change_submit
 
 AUTHOR = {"author_name": "InfraOps agent", "author_email": "agent@example.test"}
 
-CommitOn = Callable[[dict[str, str]], tuple[str, str]]
+CommitOn = Callable[..., tuple[str, str]]
 
 
 @pytest.fixture(autouse=True)
@@ -27,15 +30,15 @@ def fast_password_hashing(settings: Any) -> None:
 
 @pytest.fixture
 def commit_on(example_target: Target, tmp_path: Path) -> CommitOn:
-    """commit_on({path: text}) commits the files on top of the clone's main tip (not moving
-    main) and returns (base, head)."""
+    """commit_on({path: text}) commits the files on top of the clone's main tip (or of the
+    commit `on`), not moving main, and returns (base, head)."""
     made = 0
 
-    def commit(files: dict[str, str]) -> tuple[str, str]:
+    def commit(files: dict[str, str], on: str | None = None) -> tuple[str, str]:
         nonlocal made
         made += 1
         repo = example_target.clone_path
-        base = gitops.rev_parse(repo, f"refs/heads/{example_target.base_branch}")
+        base = on or gitops.rev_parse(repo, f"refs/heads/{example_target.base_branch}")
         tree = tmp_path / f"worktree-{made}"
         gitops.worktree_add(repo, tree, base)
         for name, text in files.items():
@@ -60,5 +63,72 @@ def config_change(example_target: Target, engineer: User, commit_on: CommitOn) -
     return change_submit(
         target=example_target, title="Tune batch_size=8", hypothesis="Bigger batches amortise.",
         evidence={}, base_commit=base, head_commit=head, author_label="run 1",
-        requested_by=engineer, criteria_passed=True,
+        requested_by=engineer, goal_version=None, experiment=None,
     )
+
+
+def criterion_finding(spec: dict[str, Any], *, passed: bool = True,
+                      detail: str = "candidate vs baseline -8.00% (95% CI -10.0% to -6.0%)"
+                      ) -> dict[str, Any]:
+    """A criteria finding as infraops.services.analysis records it."""
+    measured = {k: spec.get(k) for k in CRITERION_KEYS}
+    return {"layer": "criteria", "kind": "criterion", "severity": "pass" if passed else "fail",
+            "title": spec["description"], "detail": detail, "specificity": 20,
+            "evidence": {"probe": spec["probe"], "metric": spec["metric"],
+                         "criterion": spec["id"], "spec": measured,
+                         "verdict": {"passed": passed, "detail": detail}}}
+
+
+def perf_finding(probe: str, metric: str, verdict: str = "improved",
+                 detail: str = "ratio 0.900 (95% CI 0.880-0.920)") -> dict[str, Any]:
+    severity = {"improved": "pass", "regressed": "fail", "no change": "info"}.get(verdict, "warn")
+    return {"layer": "performance", "kind": "perf-comparison", "severity": severity,
+            "title": f"{probe} {metric} {verdict}", "detail": detail, "specificity": 20,
+            "evidence": {"probe": probe, "metric": metric, "comparison": {"verdict": verdict}}}
+
+
+def make_evidence(target: Target, base: str, head: str, findings: list[dict[str, Any]], *,
+                  probes: tuple[str, ...] = ("latency-bench",),
+                  status: str = "succeeded") -> Experiment:
+    """A finished experiment of head against base with these findings (as analysis stores)."""
+    return Experiment.objects.create(
+        target=target, status=status, candidate_commit=head, baseline_commit=base,
+        probes=list(probes), finished_at=timezone.now(),
+        feedback={"findings": findings, "counts": {}, "agent_text": ""})
+
+
+@pytest.fixture
+def auto_goal(example_goal: Goal, engineer: User) -> GoalVersion:
+    """The example goal with automatic merge on: its latest version."""
+    Goal.objects.filter(pk=example_goal.pk).update(auto_merge=True)
+    Boundary.objects.filter(goal=example_goal).update(editable_paths="config/**\nserving/**")
+    example_goal.refresh_from_db()
+    return goal_snapshot(goal=example_goal, user=engineer)
+
+
+ENGINE_EDIT = {"serving/engine.py": (Path(__file__).resolve().parents[2] / "examples" /
+                                     "tiny-serving" / "serving" / "engine.py").read_text()
+               .replace("PER_REQUEST = 2_000", "PER_REQUEST = 1_500")}
+
+
+@pytest.fixture
+def passing_submit(example_target: Target, auto_goal: GoalVersion, engineer: User,
+                   commit_on: CommitOn) -> Callable[..., Change]:
+    """Submit a plain code change whose evidence passes every gate check (overridable)."""
+
+    def submit(files: dict[str, str] | None = None,
+               findings: list[dict[str, Any]] | None = None, on: str | None = None,
+               **overrides: Any) -> Change:
+        base, head = commit_on(files or ENGINE_EDIT, on)
+        spec = auto_goal.spec["criteria"][0]
+        found = findings if findings is not None else [
+            criterion_finding(spec), perf_finding("latency-bench", "latency_ms")]
+        experiment = make_evidence(example_target, base, head, found)
+        arguments: dict[str, Any] = {
+            "target": example_target, "title": "Cheaper requests",
+            "hypothesis": "Less work per request lowers latency.", "evidence": {},
+            "base_commit": base, "head_commit": head, "author_label": "run 4",
+            "requested_by": engineer, "goal_version": auto_goal, "experiment": experiment}
+        return change_submit(**(arguments | overrides))
+
+    return submit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -13,7 +14,7 @@ from infraops import gitops
 from infraops.errors import DomainError
 from infraops.models import AuditEntry, Target
 from reviews.models import Change, ReviewDecision
-from reviews.services import change_submit, review_decide
+from reviews.services import change_advance, change_submit, review_decide
 from tests.conftest import UserFactory
 from tests.reviews.conftest import SERVING_TOML, CommitOn
 
@@ -45,7 +46,7 @@ def test_submitting_an_empty_change_is_refused(example_target: Target) -> None:
     with pytest.raises(DomainError, match="The change is empty"):
         change_submit(target=example_target, title="nothing", hypothesis="", evidence={},
                       base_commit=tip, head_commit=tip, author_label="run 1",
-                      requested_by=None, criteria_passed=True)
+                      requested_by=None, goal_version=None, experiment=None)
     assert not Change.objects.exists()
 
 
@@ -55,7 +56,7 @@ def test_submitting_an_unknown_commit_is_refused(example_target: Target) -> None
     with pytest.raises(DomainError, match="cannot be computed"):
         change_submit(target=example_target, title="ghost", hypothesis="", evidence={},
                       base_commit=tip, head_commit="f" * 40, author_label="run 1",
-                      requested_by=None, criteria_passed=True)
+                      requested_by=None, goal_version=None, experiment=None)
     assert not Change.objects.exists()
 
 
@@ -76,7 +77,8 @@ def test_the_person_who_started_the_run_is_refused_even_as_a_reviewer(
     base, head = commit_on({"config/serving.toml": SERVING_TOML})
     change = change_submit(target=example_target, title="t", hypothesis="h", evidence={},
                            base_commit=base, head_commit=head, author_label="run 7",
-                           requested_by=starter, criteria_passed=True)
+                           requested_by=starter, goal_version=None,
+                           experiment=None)
 
     with pytest.raises(DomainError, match="You started the run"):
         review_decide(change=change, reviewer=starter, decision="approve")
@@ -106,6 +108,12 @@ def test_a_reviewers_approval_merges_into_the_clone_and_pushes_to_the_origin(
     assert config_change.status == Change.Status.MERGED
     assert config_change.merged_commit
     assert config_change.merged_at is not None
+    message = gitops.git(example_target.clone_path, "show", "--no-patch", "--format=%B",
+                         config_change.merged_commit)
+    assert message.startswith(f"Merge change {config_change.pk}: Tune batch_size=8\n")
+    assert "Bigger batches amortise." in message
+    assert "Approved by rae." in message
+    assert "{" not in message
     assert main_tip(example_target.clone_path) == config_change.merged_commit
     assert origin_tip(example_target) == config_change.merged_commit
     assert origin_before != config_change.merged_commit
@@ -169,7 +177,7 @@ def test_an_approval_of_a_diff_that_no_longer_matches_refuses_to_merge(
     assert not config_change.decisions.exists()
 
 
-def test_when_the_base_branch_moved_the_change_ends_merge_failed_naming_the_move(
+def test_when_the_base_branch_moved_an_approval_re_verifies_the_merged_tree_first(
     config_change: Change, reviewer: User, commit_on: CommitOn, example_target: Target
 ) -> None:
     repo = example_target.clone_path
@@ -182,44 +190,51 @@ def test_when_the_base_branch_moved_the_change_ends_merge_failed_naming_the_move
     review_decide(change=config_change, reviewer=reviewer, decision="approve")
 
     config_change.refresh_from_db()
-    assert config_change.status == Change.Status.MERGE_FAILED
-    assert config_change.merge_error.startswith(f"main moved from {base[:10]} to {moved[:10]}")
-    assert "re-run its experiments on the new base" in config_change.merge_error
+    assert config_change.status == Change.Status.REVERIFYING
+    experiment = config_change.reverify_experiment
+    assert experiment is not None
+    assert experiment.baseline_commit == moved
+    merged_tree = gitops.git(repo, "show", "--no-patch", "--format=%P", experiment.candidate_commit)
+    assert merged_tree.split() == [moved, config_change.head_commit]
     assert config_change.merged_commit == ""
     assert main_tip(repo) == moved
     assert origin_tip(example_target) == origin_before
-    assert AuditEntry.objects.filter(action="change.merge_failed").count() == 1
+    assert AuditEntry.objects.filter(action="change.reverify").count() == 1
 
 
-def test_a_change_with_no_risky_line_whose_criteria_passed_merges_on_submit(
-    example_target: Target, commit_on: CommitOn, engineer: User
+def test_a_change_that_passes_every_gate_check_merges_with_no_person(
+    passing_submit: Callable[..., Change], example_target: Target
 ) -> None:
-    base, head = commit_on({"README.md": "A small serving engine, documented.\n"})
+    change = passing_submit()
+    assert change.risk == [], change.risk
+    assert change.gate_passed, change.failing_checks
+    assert change.status == Change.Status.MERGING  # intent recorded; git moves after commit
+    assert main_tip(example_target.clone_path) == change.base_commit
 
-    change = change_submit(target=example_target, title="Docs", hypothesis="Clearer docs.",
-                           evidence={}, base_commit=base, head_commit=head,
-                           author_label="run 2", requested_by=engineer, criteria_passed=True)
+    change = change_advance(change_id=change.pk)
 
-    assert change.risk == []
     assert change.status == Change.Status.MERGED
-    assert change.merged_commit == head  # the base had not moved: a fast-forward
-    assert main_tip(example_target.clone_path) == head
-    assert origin_tip(example_target) == head
+    repo = example_target.clone_path
+    assert main_tip(repo) == change.merged_commit == origin_tip(example_target)
+    parents = gitops.git(repo, "show", "--no-patch", "--format=%P", change.merged_commit).split()
+    assert parents == [change.base_commit, change.head_commit]
     merge_entry = AuditEntry.objects.get(action="change.merge")
     assert (merge_entry.actor, merge_entry.actor_label) == (None, "auto-merge")
 
 
-def test_a_change_with_no_risky_line_but_failed_criteria_waits_for_review(
+def test_a_change_with_no_risky_line_but_no_evidence_waits_for_review(
     example_target: Target, commit_on: CommitOn
 ) -> None:
     base, head = commit_on({"README.md": "A small serving engine, documented.\n"})
 
     change = change_submit(target=example_target, title="Docs", hypothesis="h", evidence={},
                            base_commit=base, head_commit=head, author_label="run 2",
-                           requested_by=None, criteria_passed=False)
+                           requested_by=None, goal_version=None, experiment=None)
 
     assert change.risk == []
     assert change.status == Change.Status.PENDING_REVIEW
+    assert {"auto-merge", "criteria-defined", "evidence"} <= {c["name"] for c in
+                                                            change.failing_checks}
     assert main_tip(example_target.clone_path) == base
 
 
@@ -233,10 +248,13 @@ def test_submit_approve_and_merge_write_audit_entries(config_change: Change,
         ("change.submit", "run 1"), ("change.approve", "rae"), ("change.merge", "rae"),
     ]
     submit, approve, merge = entries
-    assert submit.data == {"risk": ["production"], "criteria_passed": True}
+    assert submit.data["risk"] == ["production"]
+    assert submit.data["gate_passed"] is False
+    assert "risk" in submit.data["failing"]
     assert approve.actor == reviewer
     assert approve.data["diff_sha256"] == config_change.diff_sha256
-    assert merge.data == {"commit": config_change.merged_commit, "branch": "main"}
+    assert merge.data == {"commit": config_change.merged_commit, "branch": "main",
+                          "approved_by": reviewer.pk}
 
 
 @pytest.mark.parametrize("statement", ["update", "delete"])
@@ -274,3 +292,23 @@ def test_a_rejected_push_leaves_the_clones_branch_where_it_was(
     assert config_change.status == Change.Status.MERGE_FAILED
     assert "rejected" in config_change.merge_error
     assert main_tip(example_target.clone_path) == config_change.base_commit
+
+
+def test_a_change_outside_the_goals_boundary_is_refused_at_submission(
+    passing_submit: Callable[..., Change]
+) -> None:
+    with pytest.raises(DomainError, match=r"breaks the goal's boundary: README.md: is outside "
+                                          r"the editable paths"):
+        passing_submit(files={"README.md": "Rewritten.\n"})
+
+    assert not Change.objects.exists()
+
+
+def test_a_binary_file_is_unclassified_and_keeps_the_change_waiting(
+    passing_submit: Callable[..., Change]
+) -> None:
+    change = passing_submit(files={"serving/table.bin": "\x00\x01\x02 binary \x00"})
+
+    assert "unclassified" in change.risk_classes
+    assert change.status == Change.Status.PENDING_REVIEW
+    assert "analysed" in {c["name"] for c in change.failing_checks}

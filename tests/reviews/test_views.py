@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 from typing import Any
 
@@ -9,6 +10,7 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
 
+from infraops.models import AuditEntry
 from reviews.models import Change, ReviewDecision
 
 RISK_NOTE = "production: changes the production serving configuration"
@@ -42,9 +44,11 @@ def test_the_queue_as_an_htmx_fragment_is_only_the_table(client: Client, viewer:
 
 
 def diff_rows(page: str) -> list[tuple[str, str, list[str]]]:
-    """(row classes, line text, risk notes) of every row of the page's diff tables."""
-    rows = re.findall(r'<tr class="([^"]*)">(.*?)</tr>', page, flags=re.DOTALL)
-    return [(classes, re.findall(r"<pre>(.*?)</pre>", body, flags=re.DOTALL)[0],
+    """(row classes, line text, risk notes) of every row of the page's diff tables; the
+    line's text without its syntax-highlighting markup."""
+    rows = re.findall(r'<tr class="([^"]*)"[^>]*>(.*?)</tr>', page, flags=re.DOTALL)
+    return [(classes, html.unescape(re.sub(r"<[^>]+>", "", re.findall(
+                 r"<pre>(.*?)</pre>", body, flags=re.DOTALL)[0])),
              re.findall(r'<div class="risk-note">(.*?)</div>', body))
             for classes, body in rows if "<pre>" in body]
 
@@ -90,7 +94,8 @@ def test_a_reviewer_approves_through_the_page(client: Client, reviewer: User,
     client.force_login(reviewer)
 
     response = client.post(f"/reviews/changes/{config_change.pk}/decide/",
-                           {"decision": "approve", "comment": "Fine."}, follow=True)
+                           {"decision": "approve", "comment": "Fine.",
+                            "diff_sha256": config_change.diff_sha256}, follow=True)
 
     assert response.status_code == 200
     config_change.refresh_from_db()
@@ -113,19 +118,22 @@ def test_a_viewer_sees_no_decide_form(client: Client, viewer: User,
     assert 'name="decision"' not in page
 
 
-def test_a_decision_posted_by_a_viewer_is_refused_with_the_message(
+def test_a_decision_posted_by_a_viewer_is_refused_with_403_and_audited(
     client: Client, viewer: User, config_change: Change
 ) -> None:
     client.force_login(viewer)
 
     response = client.post(f"/reviews/changes/{config_change.pk}/decide/",
-                           {"decision": "approve"}, follow=True)
+                           {"decision": "approve", "diff_sha256": config_change.diff_sha256})
 
-    assert response.status_code == 200
+    assert response.status_code == 403
     assert "Only a reviewer can decide on a change." in response.content.decode()
     config_change.refresh_from_db()
     assert config_change.status == Change.Status.PENDING_REVIEW
     assert not ReviewDecision.objects.exists()
+    denied = AuditEntry.objects.get(action="change.approve_denied")
+    assert (denied.actor, denied.data["reason"]) == (viewer, "Only a reviewer can decide on a "
+                                                             "change.")
 
 
 def test_a_user_without_a_role_is_forbidden(client: Client, config_change: Change) -> None:
@@ -177,4 +185,4 @@ def test_the_person_who_started_the_run_is_not_offered_the_decision(
     page = client.get(f"/reviews/changes/{config_change.pk}/").content.decode()
 
     assert "Approve and merge" not in page
-    assert "another reviewer decides on it" in page
+    assert "another reviewer must decide on it" in page

@@ -1,0 +1,167 @@
+"""Reviewers' decisions and line comments; who may make them. A refusal is audited."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AnonymousUser, User
+from django.db import transaction
+
+from infraops import gitops
+from infraops.errors import DomainError, Forbidden
+from infraops.roles import REVIEWER, has_role, user_roles
+from infraops.services.audit import audit_record
+from reviews.live import queue_changed, reviewer_classes
+from reviews.models import Change, ReviewComment, ReviewDecision
+from reviews.services.merge import change_advance, change_merge_prepare
+
+MAX_COMMENT = 10_000
+DECIDABLE = (Change.Status.PENDING_REVIEW,)
+RETRYABLE = (Change.Status.MERGE_FAILED, Change.Status.APPROVED)
+_STATUS_AFTER = {
+    ReviewDecision.Decision.APPROVE: Change.Status.APPROVED,
+    ReviewDecision.Decision.REJECT: Change.Status.REJECTED,
+    ReviewDecision.Decision.REQUEST_CHANGES: Change.Status.CHANGES_REQUESTED,
+}
+
+
+def decision_denial(user: User | AnonymousUser, change: Change) -> str | None:
+    """Why `user` may not decide on `change`, in a sentence; None when they may. The page's
+    `can_decide` and the service use this one rule."""
+    if not user.is_authenticated:
+        return "Sign in as a reviewer to decide on a change."
+    if not has_role(user, REVIEWER):
+        return "Only a reviewer can decide on a change."
+    if change.requested_by_id == user.pk:
+        return "You started the run that wrote this change: another reviewer must decide on it."
+    classes = reviewer_classes(user)
+    uncovered = sorted(set(change.risk_classes) - set(classes)) if classes else []
+    if uncovered and not getattr(user, "is_superuser", False):
+        return (f"This change is {', '.join(uncovered)}; you review {', '.join(classes)}: a "
+                "reviewer of that class decides.")
+    return None
+
+
+def _refuse(user: User | AnonymousUser, change: Change, action: str, reason: str) -> Forbidden:
+    audit_record(actor=user, actor_label="" if user.is_authenticated else "anonymous",
+                 action=f"change.{action}_denied", obj=change,
+                 data={"reason": reason, "roles": sorted(user_roles(user))})
+    return Forbidden(reason)
+
+
+def review_decide(
+    *, change: Change, reviewer: User | AnonymousUser, decision: str, comment: str = "",
+    diff_sha256: str | None = None,
+) -> ReviewDecision:
+    """A reviewer decides on a change awaiting review; an approval merges it.
+
+    Precondition (re-checked under the change's row lock): the change awaits review; the
+    reviewer may decide on it (decision_denial); `diff_sha256`, the diff the reviewer saw,
+    is the change's. Call outside a transaction: an approval records the decision and the
+    merge intent first, then git moves (reviews.services.merge)."""
+    if decision not in ReviewDecision.Decision.values:
+        raise DomainError(f"Unknown decision {decision!r}: approve, reject or request changes.")
+    if len(comment) > MAX_COMMENT:
+        raise DomainError(f"The comment is {len(comment):,} characters; at most "
+                          f"{MAX_COMMENT:,} are kept. Nothing was recorded.")
+    denial = decision_denial(reviewer, change)
+    if denial is not None:
+        raise _refuse(reviewer, change, decision, denial)
+    assert isinstance(reviewer, User)
+    with transaction.atomic():
+        locked = Change.objects.select_for_update().select_related("target").get(pk=change.pk)
+        if locked.status not in DECIDABLE:
+            raise DomainError(f"This change is {locked.get_status_display()}: it was already "
+                              "decided, so nothing was recorded.")
+        if diff_sha256 is not None and diff_sha256 != locked.diff_sha256:
+            raise DomainError("The diff changed since you opened it: reload the page, read it "
+                              "again and decide on what it is now. Nothing was recorded.")
+        if decision == ReviewDecision.Decision.APPROVE:
+            _check_diff_unchanged(locked)
+        made = ReviewDecision.objects.create(
+            change=locked, reviewer=reviewer, decision=decision, comment=comment,
+            diff_sha256=locked.diff_sha256, base_commit=locked.base_commit,
+        )
+        status = _STATUS_AFTER[ReviewDecision.Decision(decision)]
+        fields: dict[str, object] = {"status": status}
+        if status == Change.Status.APPROVED:
+            fields["merge_intent"] = {"actor": reviewer.pk, "actor_label": reviewer.get_username(),
+                                      "decision": made.pk}
+        Change.objects.filter(pk=locked.pk).update(**fields)
+        audit_record(actor=reviewer, action=f"change.{decision}", obj=locked,
+                     data={"diff_sha256": locked.diff_sha256, "base": locked.base_commit,
+                           "comment": comment})
+        if status == Change.Status.APPROVED:
+            locked.refresh_from_db()
+            try:
+                change_merge_prepare(change=locked)
+            except gitops.GitError as exc:
+                raise DomainError(f"The merge cannot be prepared, so nothing was recorded: "
+                                  f"{exc}") from None
+        queue_changed()
+    change_advance(change_id=change.pk)
+    change.refresh_from_db()
+    return made
+
+
+def _check_diff_unchanged(change: Change) -> None:
+    """The stored diff is what git has between base and head (TOCTOU: nothing swapped it)."""
+    try:
+        current = gitops.diff(change.target.clone_path, change.base_commit, change.head_commit)
+    except gitops.GitError as exc:
+        raise DomainError(f"The change's commits cannot be read: {exc}") from None
+    if Change.hash_diff(current) != change.diff_sha256:
+        raise DomainError("The diff changed since it was reviewed: the approval is void. "
+                          "Nothing was recorded.")
+
+
+def change_merge_request(*, change: Change, user: User | AnonymousUser) -> Change:
+    """Try the merge of an approved change again (after a refused push, say). Needs a valid
+    approval of the current diff and a person who may decide on the change."""
+    denial = decision_denial(user, change)
+    if denial is not None:
+        raise _refuse(user, change, "merge", denial)
+    with transaction.atomic():
+        locked = Change.objects.select_for_update().get(pk=change.pk)
+        if locked.status == Change.Status.MERGED:
+            raise DomainError("This change is already merged.")
+        if locked.status not in RETRYABLE:
+            raise DomainError(f"This change is {locked.get_status_display()}: there is no "
+                              "merge to try again.")
+        if locked.valid_approval() is None:
+            raise DomainError("This change needs a valid approval of its current diff to merge.")
+        Change.objects.filter(pk=locked.pk).update(status=Change.Status.APPROVED)
+        audit_record(actor=user, action="change.merge_retry", obj=locked)
+    return change_advance(change_id=change.pk)
+
+
+def change_comment(*, change: Change, author: User | AnonymousUser, path: str, line: int,
+                   side: str, text: str) -> ReviewComment:
+    """A reviewer's comment on one line of the diff; the agent reads it at its next step."""
+    if not has_role(author, REVIEWER):
+        raise _refuse(author, change, "comment", "Only a reviewer can comment on a change.")
+    text = text.strip()
+    if not text:
+        raise DomainError("The comment is empty.")
+    if len(text) > MAX_COMMENT:
+        raise DomainError(f"The comment is {len(text):,} characters; at most {MAX_COMMENT:,}.")
+    if (path, line, side) not in diff_lines(change):
+        raise DomainError(f"{path} line {line} is not a line of this diff.")
+    with transaction.atomic():
+        made = ReviewComment.objects.create(change=change, author=author, path=path, line=line,
+                                            side=side, text=text, diff_sha256=change.diff_sha256)
+        audit_record(actor=author, action="change.comment", obj=change,
+                     data={"path": path, "line": line, "comment": made.pk})
+    return made
+
+
+def diff_lines(change: Change) -> set[tuple[str, int, str]]:
+    """(path, line, side) of every line shown in the change's diff."""
+    from reviews.diff_render import render_diff
+
+    lines: set[tuple[str, int, str]] = set()
+    for file in render_diff(change.diff, []):
+        for row in file.rows:
+            if row.new is not None and row.kind != "removed":
+                lines.add((file.path, row.new, "new"))
+            if row.old is not None and row.kind == "removed":
+                lines.add((file.path, row.old, "old"))
+    return lines

@@ -1,0 +1,87 @@
+"""The facts the merge gate judges, read from the database and git (reviews.gate is pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infraops import gitops
+from infraops.models import Experiment
+from reviews import gate
+from reviews.models import Change
+
+
+def evidence_facts(experiment: Experiment) -> gate.EvidenceFacts:
+    """What the gate needs of an experiment's feedback. Findings about the baseline side
+    (a failure the change fixes, say) are not held against the candidate."""
+    findings = [f for f in experiment.feedback.get("findings", []) if not _about_baseline(f)]
+    return gate.EvidenceFacts(
+        experiment_id=experiment.pk, status=experiment.status,
+        candidate_commit=experiment.candidate_commit, baseline_commit=experiment.baseline_commit,
+        probes_run=tuple(experiment.probes),
+        failing=tuple(f["title"] for f in findings if f["severity"] == "fail"),
+        integrity=tuple(f"{f['title']}: {f['detail']}" for f in findings
+                        if f["layer"] == "integrity"),
+        criteria=tuple(_verdict(f) for f in findings if f["layer"] == "criteria"),
+        performance=tuple(_performance(f) for f in findings if f["kind"] == "perf-comparison"),
+    )
+
+
+def _about_baseline(finding: dict[str, Any]) -> bool:
+    evidence = finding.get("evidence") or {}
+    return evidence.get("side") == "baseline" or str(evidence.get("compared", "")).endswith(
+        "(baseline)")
+
+
+def _verdict(finding: dict[str, Any]) -> gate.CriterionVerdict:
+    evidence = finding.get("evidence") or {}
+    return gate.CriterionVerdict(
+        criterion_id=evidence.get("criterion"), spec=evidence.get("spec") or {},
+        passed=finding["severity"] == "pass", detail=finding["detail"])
+
+
+def _performance(finding: dict[str, Any]) -> gate.PerformanceResult:
+    evidence = finding.get("evidence") or {}
+    verdict = (evidence.get("comparison") or {}).get("verdict", "not compared")
+    return gate.PerformanceResult(probe=evidence.get("probe", ""),
+                                  metric=evidence.get("metric", ""), verdict=verdict,
+                                  title=finding["title"], detail=finding["detail"])
+
+
+def change_facts(change: Change, *, head: str | None = None, base: str | None = None,
+                 experiment: Experiment | None = None) -> gate.ChangeFacts:
+    """The facts of `change` (or of its merged tree: head/base/experiment given, when the
+    base moved and the acceptance probes re-ran on the merge)."""
+    target = change.target
+    head = head or change.head_commit
+    base = base or change.base_commit
+    experiment = experiment if experiment is not None else change.experiment
+    try:
+        tip: str | None = gitops.rev_parse(target.clone_path, f"refs/heads/{target.base_branch}")
+    except gitops.GitError:
+        tip = None
+    version = change.goal_version
+    spec: dict[str, Any] = version.spec if version is not None else {}
+    covering, problem = _covering_probes(change)
+    return gate.ChangeFacts(
+        head_commit=head, base_commit=base, branch=target.base_branch, branch_tip=tip,
+        goal_version=version.number if version is not None else None,
+        auto_merge=bool(spec.get("auto_merge", False)),
+        criteria=tuple(spec.get("criteria", [])),
+        risk=tuple(gate.RiskFact(r["category"], r["path"], r.get("line"), r["reason"])
+                   for r in change.risk),
+        evidence=evidence_facts(experiment) if experiment is not None else None,
+        covering_probes=covering, manifest_problem=problem,
+    )
+
+
+def _covering_probes(change: Change) -> tuple[tuple[gate.ProbeFact, ...], str]:
+    manifest = change.target.manifest()
+    if manifest is None:
+        return (), "; ".join(change.target.manifest_errors) or "no infraops.toml was read"
+    try:
+        paths = gitops.changed_paths(change.target.clone_path, change.base_commit,
+                                     change.head_commit)
+    except gitops.GitError as exc:
+        return (), f"the changed paths cannot be listed: {exc}"
+    return tuple(gate.ProbeFact(p.name, p.layer, p.cost) for p in manifest.probes
+                 if p.layer in gate.CONFIRMING_LAYERS and p.covers_any(paths)), ""

@@ -1,0 +1,161 @@
+"""The change page, where reviewers see the gate, the diff beside its evidence, and decide."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from infraops.access import HtmxHttpRequest, require_any_role
+from infraops.charts import ab_distributions, error_vs_size
+from infraops.errors import DomainError, Forbidden
+from reviews.diff_render import render_diff
+from reviews.models import Change, ReviewDecision
+from reviews.services import (
+    change_comment,
+    change_merge_request,
+    decision_denial,
+    review_decide,
+)
+from reviews.services.decide import MAX_COMMENT
+
+SHA256 = r"[0-9a-f]{64}"
+
+
+class DecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=ReviewDecision.Decision.choices)
+    comment = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
+                              max_length=MAX_COMMENT,
+                              label="Comment (it goes back to the agent)")
+    diff_sha256 = forms.RegexField(regex=SHA256, widget=forms.HiddenInput)
+
+
+class CommentForm(forms.Form):
+    path = forms.CharField(max_length=1000, widget=forms.HiddenInput)
+    line = forms.IntegerField(min_value=1, widget=forms.HiddenInput)
+    side = forms.ChoiceField(choices=[("new", "new"), ("old", "old")], widget=forms.HiddenInput)
+    text = forms.CharField(max_length=MAX_COMMENT, widget=forms.Textarea(attrs={"rows": 2}),
+                           label="Comment on this line")
+
+
+def _get_change_for_user(request: HtmxHttpRequest, pk: int) -> Change:
+    require_any_role(request)
+    return get_object_or_404(
+        Change.objects.select_related("target", "requested_by", "goal_version__goal",
+                                      "experiment", "reverify_experiment"), pk=pk)
+
+
+def _refused(request: HtmxHttpRequest, change: Change, reason: str) -> HttpResponse:
+    return render(request, "reviews/refused.html", {"change": change, "reason": reason},
+                  status=403)
+
+
+def _commenting(request: HtmxHttpRequest) -> tuple[str, str, int] | None:
+    """?comment=<side>:<line>:<path> opens the comment form on that line."""
+    side, _, rest = request.GET.get("comment", "").partition(":")
+    line, _, path = rest.partition(":")
+    return (path, side, int(line)) if side in ("new", "old") and line.isdigit() and path else None
+
+
+def _charts(change: Change) -> list[dict[str, Any]]:
+    found = change.experiment.feedback if change.experiment is not None else {}
+    charts = []
+    if found.get("distributions"):
+        charts.append({"id": "chart-ab", "figure_id": "chart-ab-figure",
+                       "figure": ab_distributions(found["distributions"])})
+    if found.get("series"):
+        charts.append({"id": "chart-series", "figure_id": "chart-series-figure",
+                       "figure": error_vs_size(found["series"])})
+    return charts
+
+
+def _context(request: HtmxHttpRequest, change: Change, **forms_: Any) -> dict[str, Any]:
+    comments = [{"path": c.path, "line": c.line, "side": c.side, "text": c.text,
+                 "author": str(c.author), "created_at": c.created_at,
+                 "outdated": c.diff_sha256 != change.diff_sha256}
+                for c in change.comments.select_related("author")]
+    denial = decision_denial(request.user, change)
+    return {
+        "change": change, "checks": change.gate, "failing": change.failing_checks,
+        "diff_files": render_diff(change.diff, change.risk, comments),
+        "decisions": change.decisions.select_related("reviewer"),
+        "approval": change.valid_approval(),
+        "can_decide": denial is None, "decide_denial": denial,
+        "form": forms_.get("form") or DecisionForm(initial={"diff_sha256": change.diff_sha256}),
+        "comment_form": forms_.get("comment_form") or CommentForm(),
+        "commenting": _commenting(request), "charts": _charts(change),
+        "runs": change.runs.select_related("goal_version"),
+    }
+
+
+def change_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    change = _get_change_for_user(request, pk)
+    template = "reviews/change.html#gate-checks" if request.htmx else "reviews/change.html"
+    return render(request, template, _context(request, change))
+
+
+@require_POST
+def change_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    change = _get_change_for_user(request, pk)
+    form = DecisionForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, _errors(form))
+        return redirect("reviews:change", pk=change.pk)
+    try:
+        review_decide(change=change, reviewer=request.user,
+                      decision=form.cleaned_data["decision"], comment=form.cleaned_data["comment"],
+                      diff_sha256=form.cleaned_data["diff_sha256"])
+    except Forbidden as exc:
+        return _refused(request, change, str(exc))
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    else:
+        change.refresh_from_db()
+        messages.success(request, f"Change {change.pk}: {change.get_status_display()}.")
+    return redirect("reviews:change", pk=change.pk)
+
+
+@require_POST
+def change_merge(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    change = _get_change_for_user(request, pk)
+    try:
+        change = change_merge_request(change=change, user=request.user)
+    except Forbidden as exc:
+        return _refused(request, change, str(exc))
+    except DomainError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Change {change.pk}: {change.get_status_display()}.")
+    return redirect("reviews:change", pk=change.pk)
+
+
+@require_POST
+def change_add_comment(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    change = _get_change_for_user(request, pk)
+    form = CommentForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "The comment was not saved: " + _errors(form))
+        return redirect("reviews:change", pk=change.pk)
+    try:
+        change_comment(change=change, author=request.user, **form.cleaned_data)
+    except Forbidden as exc:
+        return _refused(request, change, str(exc))
+    except DomainError as exc:
+        messages.error(request, f"The comment was not saved: {exc}")
+    else:
+        messages.success(request, f"Comment saved on {form.cleaned_data['path']} line "
+                                  f"{form.cleaned_data['line']}; the agent reads it next step.")
+    return redirect("reviews:change", pk=change.pk)
+
+
+def _errors(form: forms.Form) -> str:
+    if "decision" in form.errors:
+        return "Choose approve, reject or request changes."
+    labels = {"diff_sha256": "the page is out of date, reload it"}
+    return "; ".join(labels[name] if name in labels
+                     else f"{name}: {' '.join(str(e) for e in errors)}"
+                     for name, errors in form.errors.items())

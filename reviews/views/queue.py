@@ -1,0 +1,243 @@
+"""The review queue: what waits for a decision, filtered, searched and paginated.
+
+Pages are keyset pages on (created_at, id) descending: the cursor `after=<iso>_<id>` names
+the last row shown, so a page costs the same at row 25 and at row 100,000, and a change
+that arrives meanwhile shifts nothing. A parameter the page cannot read is dropped with a
+message; the rest of the filters still apply.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django import forms
+from django.contrib.auth.models import AnonymousUser, User
+from django.db.models import Q
+from django.http import HttpResponse, QueryDict
+from django.shortcuts import render
+from django.utils import timezone
+
+from infraops.access import HtmxHttpRequest, require_any_role
+from infraops.models import Goal, Target
+from reviews.live import reviewer_classes
+from reviews.models import RISK_CLASSES, Change, ChangeQuerySet
+
+PAGE_SIZE = 25
+ANY_STATUS = "any"
+NO_CLASS = "none"
+AGES: dict[str, tuple[str, timedelta]] = {
+    "newer-1d": ("newer than 1 day", timedelta(days=1)),
+    "older-1d": ("older than 1 day", timedelta(days=1)),
+    "older-7d": ("older than 7 days", timedelta(days=7)),
+    "older-30d": ("older than 30 days", timedelta(days=30)),
+}
+# Only what a row shows: a diff may be megabytes, and 25 of them would dominate the page.
+ROW_FIELDS = ("title", "status", "risk_classes", "gate", "gate_passed", "created_at",
+              "author_label", "target", "target__name", "goal", "goal__name")
+Cursor = tuple[datetime, int]
+DEFAULTS = {"scope": "mine", "status": str(Change.Status.PENDING_REVIEW)}
+
+
+def _target_choices() -> list[tuple[Any, str]]:
+    return [("", "any target"), *Target.objects.order_by("name").values_list("pk", "name")]
+
+
+def _goal_choices() -> list[tuple[Any, str]]:
+    goals = Goal.objects.values_list("pk", "name", "target__name")  # by target, then name
+    return [("", "any goal"), *((pk, f"{target}: {name}") for pk, name, target in goals)]
+
+
+def _number_field(what: str) -> forms.IntegerField:
+    """A row's number, drawn as a select. Not a ModelChoiceField: a fragment request then
+    validates without reading the table, and an unknown number simply matches nothing."""
+    message = f"a {what} is given by its number."
+    return forms.IntegerField(
+        required=False, min_value=1, max_value=2**63 - 1, widget=forms.Select,
+        error_messages={"invalid": message, "min_value": message, "max_value": message})
+
+
+class QueueFilterForm(forms.Form):
+    scope = forms.ChoiceField(
+        choices=[("mine", "My queue"), ("all", "All changes")], required=False,
+        widget=forms.RadioSelect, error_messages={"invalid_choice": "“%(value)s” is not a view."})
+    status = forms.ChoiceField(
+        choices=[*Change.Status.choices, (ANY_STATUS, "any status")], required=False,
+        error_messages={"invalid_choice": "“%(value)s” is not a status."})
+    target = _number_field("target")
+    goal = _number_field("goal")
+    age = forms.ChoiceField(choices=[("", "any age"), *((k, v[0]) for k, v in AGES.items())],
+                            required=False,
+                            error_messages={"invalid_choice": "“%(value)s” is not an age."})
+    q = forms.CharField(label="Title contains", max_length=200, required=False,
+                        widget=forms.SearchInput,
+                        error_messages={"max_length": "a search is at most 200 characters."})
+    after = forms.CharField(required=False, widget=forms.HiddenInput)
+
+    def __init__(self, query: QueryDict) -> None:
+        data = query.copy()
+        for name, default in DEFAULTS.items():  # so the widgets show what applies
+            data.setdefault(name, default)
+        super().__init__(data)
+        # "class" is the parameter's name in URLs, and a keyword in Python.
+        self.fields["class"] = forms.ChoiceField(
+            choices=[("", "any class"), *((c, c) for c in RISK_CLASSES),
+                     (NO_CLASS, "no risk class")],
+            required=False, label="Risk class",
+            error_messages={"invalid_choice": "“%(value)s” is not a risk class."})
+        self.order_fields(["scope", "status", "class", "target", "goal", "age", "q"])
+        for name, choices in (("target", _target_choices), ("goal", _goal_choices)):
+            # Read only where the form is drawn, and once: a Select iterates its choices
+            # twice (the options, and whether the first is empty).
+            widget: Any = self.fields[name].widget
+            widget.choices = functools.cache(choices)
+
+    def clean_status(self) -> str:
+        return str(self.cleaned_data.get("status") or Change.Status.PENDING_REVIEW)
+
+    def clean_after(self) -> Cursor | None:
+        text = self.cleaned_data.get("after") or ""
+        if not text:
+            return None
+        cursor = parse_cursor(text)
+        if cursor is None:
+            raise forms.ValidationError("the page link is not one this page made.")
+        return cursor
+
+    def filters(self) -> dict[str, Any]:
+        """The valid filters with their defaults; an invalid one is left out."""
+        self.is_valid()
+        data: dict[str, Any] = {**DEFAULTS, "class": "", "target": None, "goal": None,
+                                "age": "", "q": "", "after": None}
+        data.update({k: v for k, v in self.cleaned_data.items() if v not in (None, "")})
+        return data
+
+    def problems(self) -> list[str]:
+        names = {"q": "search", "after": "page"}
+        return [f"{names.get(field, field)}: {' '.join(str(e) for e in errors)}"
+                for field, errors in self.errors.items()]
+
+
+def parse_cursor(text: str) -> Cursor | None:
+    """`<iso datetime with zone>_<id>`, as format_cursor writes it; None if it is not one."""
+    stamp, _, pk = text.rpartition("_")
+    try:
+        when, number = datetime.fromisoformat(stamp), int(pk)
+    except ValueError:
+        return None
+    if when.tzinfo is None or not 0 < number < 2**63:
+        return None
+    return when, number
+
+
+def format_cursor(change: Change) -> str:
+    return f"{change.created_at.astimezone(UTC):%Y-%m-%dT%H:%M:%S.%fZ}_{change.pk}"
+
+
+def queue_changes(user: User | AnonymousUser, filters: dict[str, Any]) -> ChangeQuerySet:
+    """The changes the filters select, newest first, before paging."""
+    changes = Change.objects.all()
+    if filters["status"] != ANY_STATUS:
+        changes = changes.filter(status=filters["status"])
+    if filters["scope"] == "mine" and (classes := reviewer_classes(user)):
+        changes = changes.for_classes(classes)
+    if filters["class"] == NO_CLASS:
+        changes = changes.filter(risk_classes=[])
+    elif filters["class"]:
+        changes = changes.filter(risk_classes__contains=[filters["class"]])
+    for name in ("target", "goal"):
+        if filters[name] is not None:
+            changes = changes.filter(**{f"{name}_id": filters[name]})
+    if filters["age"]:
+        edge = timezone.now() - AGES[filters["age"]][1]
+        lookup = "created_at__gte" if filters["age"].startswith("newer") else "created_at__lt"
+        changes = changes.filter(**{lookup: edge})
+    if filters["q"]:
+        changes = changes.filter(title__icontains=filters["q"])
+    return changes.order_by("-created_at", "-id")
+
+
+def queue_page(changes: ChangeQuerySet, after: Cursor | None) -> tuple[list[Change], bool]:
+    """The rows after the cursor (one query), and whether another page follows."""
+    if after is not None:
+        when, pk = after
+        # The redundant created_at <= bound lets the index scan start at the cursor instead
+        # of filtering every newer row out (the OR alone is not an index condition).
+        changes = changes.filter(Q(created_at__lt=when) | Q(created_at=when, id__lt=pk),
+                                 created_at__lte=when)
+    page = list(changes.select_related("target", "goal").only(*ROW_FIELDS)[:PAGE_SIZE + 1])
+    return page[:PAGE_SIZE], len(page) > PAGE_SIZE
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    change: Change
+    age: str
+    gate: str
+    failing: str
+
+
+def age_label(created_at: datetime, now: datetime) -> str:
+    seconds = max(int((now - created_at).total_seconds()), 0)
+    for unit, size in (("y", 365 * 86400), ("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds // size} {unit} ago"
+    return "just now"
+
+
+def gate_label(change: Change) -> tuple[str, str]:
+    """The gate in words, and the names of the failing checks."""
+    failing = [str(check.get("name", "?")) for check in change.failing_checks]
+    if failing:
+        return f"{len(failing)} check{'s' if len(failing) > 1 else ''} failing", ", ".join(failing)
+    if change.gate_passed:
+        return "gate passed", ""
+    return "gate not run", ""
+
+
+def queue_rows(changes: list[Change]) -> list[QueueRow]:
+    now = timezone.now()
+    return [QueueRow(change, age_label(change.created_at, now), *gate_label(change))
+            for change in changes]
+
+
+def page_links(query: QueryDict, problems: set[str], last: Change | None) -> dict[str, str]:
+    """Query strings of the next and first pages: the same valid filters, another cursor."""
+    kept = query.copy()
+    for name in (*problems, "after"):
+        kept.pop(name, None)
+    links = {"first_query": kept.urlencode()}
+    if last is not None:
+        kept["after"] = format_cursor(last)
+        links["next_query"] = kept.urlencode()
+    return links
+
+
+def _unfiltered(filters: dict[str, Any]) -> bool:
+    return filters["status"] == DEFAULTS["status"] and not any(
+        filters[name] for name in ("class", "target", "goal", "age", "q"))
+
+
+def _wants_table(request: HtmxHttpRequest) -> bool:
+    """htmx swaps of the table get the partial; boosted links and history restores (whose
+    target is the whole page) get the page."""
+    htmx = request.htmx
+    return (bool(htmx) and not htmx.boosted and not htmx.history_restore_request
+            and htmx.target in (None, "queue-table"))
+
+
+def queue(request: HtmxHttpRequest) -> HttpResponse:
+    require_any_role(request)
+    form = QueueFilterForm(request.GET)
+    filters = form.filters()
+    page, more = queue_page(queue_changes(request.user, filters), filters["after"])
+    context = {
+        "form": form, "filters": filters, "problems": form.problems(), "rows": queue_rows(page),
+        "my_classes": reviewer_classes(request.user), "paged": filters["after"] is not None,
+        "unfiltered": _unfiltered(filters),
+        **page_links(request.GET, set(form.errors), page[-1] if more else None),
+    }
+    template = "reviews/queue.html#queue-table" if _wants_table(request) else "reviews/queue.html"
+    return render(request, template, context)

@@ -1,0 +1,189 @@
+"""The change page as a pull request: the checks panel, highlighted diff, evidence beside it,
+line comments that reach the agent, and bad input answered with a message."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import cast
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from agents.llm_step import _news
+from agents.models import AgentRun
+from infraops.errors import DomainError
+from infraops.models import AuditEntry, Goal, Target
+from reviews.models import Change, ReviewComment, ReviewDecision
+from reviews.services import change_comment
+from reviews.services.submit import classify_diff
+
+
+def test_the_checks_panel_shows_each_check_with_its_reason(
+    client: Client, reviewer: User, config_change: Change
+) -> None:
+    client.force_login(reviewer)
+
+    page = client.get(f"/reviews/changes/{config_change.pk}/").content.decode()
+
+    panel = page[page.index('<section id="gate-checks"'):page.index("</section>")]
+    checks = dict(re.findall(r'data-check="([^"]+)">\s*<span class="mark" aria-label="(\w+)"',
+                             panel))
+    assert checks["auto-merge"] == "failed"
+    assert checks["risk"] == "failed"
+    assert checks["analysed"] == "passed"
+    assert checks["base"] == "passed"
+    assert "checks failing</strong>: this change merges only when a reviewer approves it" in panel
+    assert "production: 2 findings (first config/serving.toml:2" in panel
+    assert "the change has no pinned goal version" in panel
+
+
+def test_the_checks_panel_is_also_an_htmx_fragment(client: Client, viewer: User,
+                                                   config_change: Change) -> None:
+    client.force_login(viewer)
+
+    response = client.get(f"/reviews/changes/{config_change.pk}/", headers={"HX-Request": "true"})
+
+    page = response.content.decode()
+    assert page.lstrip().startswith('<section id="gate-checks"')
+    assert "<html" not in page
+
+
+def test_a_passing_change_shows_every_check_green_and_its_evidence(
+    client: Client, viewer: User, passing_submit: Callable[..., Change]
+) -> None:
+    change = passing_submit()
+    client.force_login(viewer)
+
+    page = client.get(f"/reviews/changes/{change.pk}/").content.decode()
+
+    assert f"All {len(change.gate)} checks passed" in page
+    assert f'href="/experiments/{change.experiment_id}/"' in page
+    assert 'id="auto-merge">on<' in page  # the goal version's setting, on the change page
+    assert '<aside class="review-evidence"' in page
+    assert "latency-bench.latency_ms vs baseline" in page  # the criteria table
+
+
+def test_the_diff_is_syntax_highlighted(client: Client, viewer: User,
+                                        passing_submit: Callable[..., Change]) -> None:
+    change = passing_submit()
+    client.force_login(viewer)
+
+    page = client.get(f"/reviews/changes/{change.pk}/").content.decode()
+
+    assert '<span class="hl-n">PER_REQUEST</span>' in page
+    assert "css/highlight.css" in page
+
+
+def test_a_line_comment_is_kept_shown_on_its_line_and_reaches_the_agent(
+    client: Client, reviewer: User, config_change: Change, example_goal: Goal
+) -> None:
+    run = AgentRun.objects.create(
+        goal_version=example_goal.versions.latest("number"), target=config_change.target,
+        policy="llm", started_by=cast(User, config_change.requested_by),
+        base_commit=config_change.base_commit)
+    run.changes.add(config_change)
+    client.force_login(reviewer)
+    form = client.get(f"/reviews/changes/{config_change.pk}/?comment=new:2:config/serving.toml")
+    assert 'id="comment-form"' in form.content.decode()
+
+    response = client.post(f"/reviews/changes/{config_change.pk}/comments/",
+                           {"path": "config/serving.toml", "line": 2, "side": "new",
+                            "text": "Batch 8 starves the KV transfer: measure e2e."}, follow=True)
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Batch 8 starves the KV transfer: measure e2e." in page
+    assert ReviewComment.objects.get().line == 2
+    news, marks = _news(run)
+    assert marks["comments"] == [ReviewComment.objects.get().pk]
+    assert any("config/serving.toml line 2" in n["content"] and "Batch 8 starves" in n["content"]
+               for n in news)
+
+
+def test_a_comment_on_a_line_outside_the_diff_is_refused(config_change: Change,
+                                                         reviewer: User) -> None:
+    with pytest.raises(DomainError, match="line 99 is not a line of this diff"):
+        change_comment(change=config_change, author=reviewer, path="config/serving.toml",
+                       line=99, side="new", text="?")
+    assert not ReviewComment.objects.exists()
+
+
+def test_a_ten_megabyte_comment_gets_a_clear_page_and_changes_nothing(
+    client: Client, reviewer: User, config_change: Change
+) -> None:
+    client.force_login(reviewer)
+
+    response = client.post(f"/reviews/changes/{config_change.pk}/decide/",
+                           {"decision": "approve", "comment": "x" * (10 << 20),
+                            "diff_sha256": config_change.diff_sha256})
+
+    assert response.status_code == 400
+    assert "Nothing was changed" in response.content.decode()
+    config_change.refresh_from_db()
+    assert config_change.status == Change.Status.PENDING_REVIEW
+    assert not ReviewDecision.objects.exists()
+
+
+def test_a_long_comment_is_refused_with_a_message(client: Client, reviewer: User,
+                                                  config_change: Change) -> None:
+    client.force_login(reviewer)
+
+    response = client.post(f"/reviews/changes/{config_change.pk}/decide/",
+                           {"decision": "approve", "comment": "x" * 20_000,
+                            "diff_sha256": config_change.diff_sha256}, follow=True)
+
+    assert response.status_code == 200
+    assert "at most 10000 characters" in response.content.decode()
+    assert not ReviewDecision.objects.exists()
+
+
+def test_a_stale_form_is_refused_with_the_reason(client: Client, reviewer: User,
+                                                 config_change: Change) -> None:
+    client.force_login(reviewer)
+
+    response = client.post(f"/reviews/changes/{config_change.pk}/decide/",
+                           {"decision": "approve", "diff_sha256": "a" * 64}, follow=True)
+
+    assert "The diff changed since you opened it" in response.content.decode()
+    config_change.refresh_from_db()
+    assert config_change.status == Change.Status.PENDING_REVIEW
+
+
+@pytest.mark.parametrize("path", ["decide", "merge", "comments"])
+def test_a_get_on_a_post_only_url_is_refused(client: Client, reviewer: User,
+                                             config_change: Change, path: str) -> None:
+    client.force_login(reviewer)
+
+    assert client.get(f"/reviews/changes/{config_change.pk}/{path}/").status_code == 405
+
+
+def test_a_refused_comment_by_a_viewer_is_403_and_audited(client: Client, viewer: User,
+                                                          config_change: Change) -> None:
+    client.force_login(viewer)
+
+    response = client.post(f"/reviews/changes/{config_change.pk}/comments/",
+                           {"path": "config/serving.toml", "line": 2, "side": "new",
+                            "text": "hello"})
+
+    assert response.status_code == 403
+    assert AuditEntry.objects.filter(action="change.comment_denied", actor=viewer).count() == 1
+    assert not ReviewComment.objects.exists()
+
+
+@pytest.mark.parametrize("text", ["not a diff at all", "\x00\x01binary"])
+def test_a_diff_that_is_not_a_diff_is_refused_in_words(text: str, example_target: Target) -> None:
+    with pytest.raises(DomainError, match="The change's diff cannot be read"):
+        classify_diff(example_target, text)
+
+
+def test_the_target_page_shows_each_goals_automatic_merge_setting(
+    client: Client, viewer: User, example_goal: Goal
+) -> None:
+    client.force_login(viewer)
+
+    page = client.get(f"/targets/{example_goal.target.name}/").content.decode()
+
+    assert 'merge automatically: <strong class="auto-merge">off</strong>' in page
+    assert "every change waits for a reviewer" in page
