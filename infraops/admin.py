@@ -2,6 +2,11 @@
 
 Validation speaks plain words: an unreachable repository, an unknown probe or metric, an
 invalid glob. Saving a goal records a new GoalVersion; runs keep the version they pinned.
+
+Records stay records: versions, experiments, runs, changes, decisions and audit entries are
+view only here (RecordAdmin, RecordInline), and a target or goal with any of them cannot be
+deleted. Every save that changes a target, goal, boundary or criterion is audited field by
+field (infraops.services.admin_audit).
 """
 
 from __future__ import annotations
@@ -10,8 +15,8 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import QuerySet
-from django.forms.models import BaseInlineFormSet
+from django.db.models import Count, QuerySet
+from django.forms.models import BaseInlineFormSet, BaseModelFormSet
 from django.http import HttpRequest
 
 from infraops.errors import DomainError
@@ -24,8 +29,65 @@ from infraops.models import (
     GoalVersion,
     Target,
 )
+from infraops.services.admin_audit import audit_form_save, formset_save_audited, record_values
+from infraops.services.audit import audit_record
 from infraops.services.goals import goal_snapshot, metric_problem
 from infraops.services.targets import repo_check, target_clone, target_refresh_manifest
+
+
+class RecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """View only: a record of what happened is never added, edited or deleted here. With no
+    delete permission the changelist also loses its bulk "delete selected" action."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class RecordInline(admin.TabularInline):  # type: ignore[type-arg]
+    """View only, like RecordAdmin, for records shown inside another record's page."""
+
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _records_text(counts: dict[str, int]) -> str:
+    kept = ", ".join(f"{label}: {n}" for label, n in counts.items() if n)
+    if not kept:
+        return "None yet."
+    return f"{kept}. Records stay records, so it cannot be deleted."
+
+
+def _target_records(target: Target) -> dict[str, int]:
+    """What deleting the target would take with it that must stay on record."""
+    return {
+        "goal versions": GoalVersion.objects.filter(goal__target=target).count(),
+        "experiments": target.experiments.count(),
+        "runs": target.runs.count(),
+        "changes": target.changes.count(),
+    }
+
+
+def _goal_records(goal: Goal) -> dict[str, int]:
+    """What deleting the goal would take with it that must stay on record."""
+    counted = goal.versions.aggregate(versions=Count("pk", distinct=True),
+                                      runs=Count("runs", distinct=True))
+    return {"versions": counted["versions"], "runs": counted["runs"],
+            "changes": goal.changes.count()}
 
 
 class TargetForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -35,6 +97,11 @@ class TargetForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        # repo_check hands both to `git ls-remote` without a "--": a leading "-" would be
+        # read as an option (--upload-pack=... runs a command).
+        for name in ("repo_url", "base_branch"):
+            if (data.get(name) or "").startswith("-"):
+                self.add_error(name, "This cannot begin with '-'.")
         url, branch = data.get("repo_url"), data.get("base_branch")
         changed = {"repo_url", "base_branch"} & set(self.changed_data)
         if url and branch and changed:
@@ -45,9 +112,51 @@ class TargetForm(forms.ModelForm):  # type: ignore[type-arg]
         return data
 
 
+class HistoryKeptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """An editable head (target, goal) whose deletion would cascade records away: deletable
+    one at a time, only while `records_of` finds none, and audited. The change page's
+    "records" line says what it has, hence why there is no Delete button."""
+
+    audit_noun = ""
+
+    def records_of(self, obj: Any) -> dict[str, int]:
+        raise NotImplementedError
+
+    @admin.display(description="records")
+    def records(self, obj: Any) -> str:
+        return _records_text(self.records_of(obj)) if obj.pk is not None else ""
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        fields = list(super().get_readonly_fields(request, obj))
+        return [*fields, "records"] if obj is not None else fields
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        # The bulk action checks no object's records; deletions go through the object page.
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if not super().has_delete_permission(request, obj):
+            return False
+        return obj is None or not any(self.records_of(obj).values())
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        fields = list(self.form._meta.fields or [])
+        audit_record(actor=request.user, action=f"{self.audit_noun}.delete", obj=obj,
+                     data={"deleted": record_values(obj, fields)})
+        super().delete_model(request, obj)
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        action = f"{self.audit_noun}.{'change' if change else 'add'}"
+        audit_form_save(user=request.user, action=action, form=form, created=not change)
+
+
 @admin.register(Target)
-class TargetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class TargetAdmin(HistoryKeptAdmin):
     form = TargetForm
+    audit_noun = "target"
     list_display = ["name", "repo_url", "base_branch", "manifest_state", "refreshed_at"]
     readonly_fields = ["manifest_commit", "manifest_sha256", "manifest_problems", "refreshed_at"]
     actions = ["refresh_manifest"]
@@ -61,6 +170,9 @@ class TargetAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.display(description="manifest problems")
     def manifest_problems(self, target: Target) -> str:
         return "\n".join(target.manifest_errors) or "none"
+
+    def records_of(self, obj: Target) -> dict[str, int]:
+        return _target_records(obj)
 
     def save_model(self, request: HttpRequest, obj: Target, form: Any, change: bool) -> None:
         if not change:
@@ -123,7 +235,7 @@ class GoalForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
         model = Goal
         fields = ["target", "name", "probe", "metric", "direction", "relative_target",
-                  "absolute_target", "policy", "model_name", "owner"]
+                  "absolute_target", "policy", "model_name", "owner", "auto_merge"]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -138,12 +250,24 @@ class GoalForm(forms.ModelForm):  # type: ignore[type-arg]
 
 
 @admin.register(Goal)
-class GoalAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class GoalAdmin(HistoryKeptAdmin):
     form = GoalForm
+    audit_noun = "goal"
     inlines = [BoundaryInline, CriterionInline]
-    list_display = ["name", "target", "probe", "metric", "direction", "current_version"]
+    list_display = ["name", "target", "probe", "metric", "direction", "auto_merge",
+                    "current_version"]
     list_select_related = ["target"]
     readonly_fields = ["current_version"]
+    inline_nouns = {Boundary: "boundary", AcceptanceCriterion: "criterion"}
+
+    def records_of(self, obj: Goal) -> dict[str, int]:
+        return _goal_records(obj)
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: BaseModelFormSet[Any, Any],
+                     change: bool) -> None:
+        formset_save_audited(user=request.user, formset=formset,
+                             noun=self.inline_nouns[formset.model],
+                             data={"goal": form.instance.pk})
 
     def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
         super().save_related(request, form, formsets, change)
@@ -153,40 +277,21 @@ class GoalAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(GoalVersion)
-class GoalVersionAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class GoalVersionAdmin(RecordAdmin):
     list_display = ["goal", "number", "created_by", "created_at"]
-    readonly_fields = ["goal", "number", "spec", "created_by", "created_at"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    list_select_related = ["goal__target", "created_by"]
+    fields = ["goal", "number", "spec", "created_by", "created_at"]
+    readonly_fields = ["created_at"]  # not editable: a form cannot list it
 
 
 @admin.register(Experiment)
-class ExperimentAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ExperimentAdmin(RecordAdmin):
     list_display = ["pk", "target", "status", "attempts", "origin", "created_at"]
     list_filter = ["status"]
     list_select_related = ["target"]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class AuditEntryAdmin(RecordAdmin):
     list_display = ["created_at", "actor_label", "action", "object_type", "object_id"]
     list_filter = ["action"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

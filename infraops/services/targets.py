@@ -22,7 +22,7 @@ MANIFEST_PATH = "infraops.toml"
 def repo_check(*, url: str, branch: str) -> None:
     """Raise DomainError with a sentence when `url` is unreachable or lacks `branch`."""
     try:
-        heads = gitops.git(Path("/"), "ls-remote", "--heads", url, branch, timeout=60)
+        heads = gitops.git(Path("/"), "ls-remote", "--heads", "--", url, branch, timeout=60)
     except gitops.GitError as exc:
         raise DomainError(f"The repository {url!r} cannot be read: {exc}") from None
     if not heads.strip():
