@@ -43,7 +43,14 @@ from unidiff.patch import PatchSet
 from infraops import gitops
 from infraops.errors import DomainError
 from infraops.manifest import glob_match
-from reviews.diff_policy import Policy, Violation, check_diff, path_violations
+from reviews.diff_policy import (
+    EXECUTABLE_MODE,
+    Policy,
+    Violation,
+    case_collisions,
+    check_diff,
+    path_violations,
+)
 
 MAX_RESULT_CHARS = 12_000
 MAX_ARGUMENT_BYTES = 1_000_000
@@ -763,8 +770,8 @@ def _edit_file(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     new = _replaced(rel, current, args["old_text"], args["new_text"])
     edit_diff = _file_diff(rel, current, new)
     uncapped = dataclasses.replace(ctx.policy, max_diff_lines=sys.maxsize)
-    violations = check_diff(edit_diff, uncapped)
     root = ctx.worktree.resolve()
+    violations = check_diff(edit_diff, uncapped, existing=_repo_files(root))
     others = _worktree_diff(ctx, root, without=rel)
     base = _base_text(ctx, root, rel)
     before = others + _file_diff(rel, base, current)
@@ -833,7 +840,8 @@ def _apply_diff(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     if not diff.endswith("\n"):
         diff += "\n"
     root = ctx.worktree.resolve()
-    violations = [*check_diff(diff, ctx.policy), *_header_violations(diff)]
+    violations = [*check_diff(diff, ctx.policy, existing=_repo_files(root)),
+                  *_header_violations(diff)]
     try:
         paths = _apply_paths(root, diff)
     except _ToolError:
@@ -871,9 +879,10 @@ def _write_problems(ctx: ToolContext, path: str) -> list[Violation]:
     return []
 
 
+# git reads the mode with strtoul(..., 8): "0120000" and "+120000" are a symlink too.
 _SYMLINK_HEADER = re.compile(
-    r"^(?:(?:new file mode|deleted file mode|old mode|new mode) 120000"
-    r"|index [0-9a-fA-F]+\.\.[0-9a-fA-F]+ 120000)\s*$", re.MULTILINE)
+    r"^(?:new file mode|deleted file mode|old mode|new mode"
+    r"|index [0-9a-fA-F]+\.\.[0-9a-fA-F]+)[ \t]+\+?0*120000\s*$", re.MULTILINE)
 _BINARY_HEADER = re.compile(r"^(?:GIT binary patch|Binary files .* differ)\s*$", re.MULTILINE)
 _RENAME_HEADER = re.compile(r"^(?:rename|copy) (?:from|to) ", re.MULTILINE)
 
@@ -913,14 +922,17 @@ def _apply_paths(root: Path, diff: str) -> list[str]:
 @contextlib.contextmanager
 def _reverted_unless_safe(root: Path, paths: Sequence[str]) -> Iterator[list[Violation]]:
     """Snapshot ``paths``, run the body (which writes them and may add violations to the
-    yielded list), then check them for symlinks leaving the repository. On any violation
-    or exception the files and the folders the body created are put back, and _Refused
-    (or the exception) is raised."""
+    yielded list), then check them as git really wrote them: no symlink leaving the
+    repository, no new executable bit, no new file differing only in case from another
+    (the checks before writing read the diff's headers, which git may read otherwise).
+    On any violation or exception the files and the folders the body created are put
+    back, and _Refused (or the exception) is raised."""
     saved = _Snapshot.take(root, paths)
     violations: list[Violation] = []
     try:
         yield violations
         violations += _escaping_symlinks(root, paths)
+        violations += saved.new_problems(root)
     except BaseException:
         saved.restore()
         raise
@@ -946,6 +958,27 @@ class _Snapshot:
                 folders[folder] = None
                 folder = folder.parent
         return cls(files, sorted(folders, key=lambda f: len(f.parts), reverse=True))
+
+    def new_problems(self, root: Path) -> list[Violation]:
+        """Symlinks, executable bits and case collisions that the write brought in."""
+        found: list[Violation] = []
+        created: list[str] = []
+        for full, saved in self.files.items():
+            rel = full.relative_to(root).as_posix()
+            if full.is_symlink():
+                found.append(Violation(rel, "symlinks may not be created or changed"))
+            if full.is_symlink() or not full.is_file():
+                continue
+            was_executable = saved is not None and bool(saved[1] & 0o111)
+            if full.stat().st_mode & 0o111 and not was_executable:
+                found.append(Violation(rel, f"would be executable (mode {EXECUTABLE_MODE}); "
+                                            "mode changes are refused"))
+            if saved is None:
+                created.append(rel)
+        if created:
+            others = [name for name in _repo_files(root) if name not in created]
+            found += case_collisions(created, others)
+        return found
 
     def restore(self) -> None:
         for full, saved in self.files.items():

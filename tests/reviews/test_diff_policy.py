@@ -183,3 +183,36 @@ def test_prose_that_is_not_a_diff_is_a_violation() -> None:
     violations = check_diff("rm -rf / # trust me, this is a diff\n", POLICY)
 
     assert [v.path for v in violations] == ["(diff)"]
+
+
+@pytest.mark.parametrize(("path", "expected"), [
+    ("config/a\0b", "config/a\\x00b: contains the control character \\x00; a path must be "
+                    "printable text"),
+    ("config/\x1b[31m.toml", "config/\\x1b[31m.toml: contains the control character \\x1b; a "
+                             "path must be printable text"),
+    ("config/.GIT/config", "config/.GIT/config: is inside .git"),
+    ("config/.git./config", "config/.git./config: is inside .git"),
+    (".GITMODULES", ".GITMODULES: is protected (.gitmodules)"),
+    ("serving/SECRETS/key.txt", "serving/SECRETS/key.txt: is protected (serving/secrets/**)"),
+    (".circleci/config.yml", ".circleci/config.yml: is protected (.circleci/**)"),
+])
+def test_path_violations_see_through_case_and_control_characters(path: str,
+                                                                  expected: str) -> None:
+    assert reasons(path_violations(path, POLICY)) == [expected]
+
+
+def test_a_path_git_quoted_is_checked_under_its_real_name() -> None:
+    diff = ('diff --git "a/config/caf\\303\\251.toml" "b/config/caf\\303\\251.toml"\n'
+            '--- "a/config/caf\\303\\251.toml"\n+++ "b/config/caf\\303\\251.toml"\n'
+            "@@ -1 +1 @@\n-a = 1\n+a = 2\n")
+
+    assert check_diff(diff, POLICY) == []
+
+
+def test_a_diff_over_the_file_cap_is_refused() -> None:
+    policy = Policy(editable=["**"], protected=[], forbidden_patterns=[], max_diff_lines=100,
+                    max_files=2)
+    diff = "".join(unified(f"config/{n}.toml", "", "a = 1\n", source="/dev/null")
+                   for n in range(3))
+
+    assert reasons(check_diff(diff, policy)) == ["(diff): 3 files exceed the cap of 2 files"]
