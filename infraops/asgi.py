@@ -15,6 +15,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 
 from agents.routing import websocket_urlpatterns as agent_sockets  # noqa: E402
 from infraops.routing import websocket_urlpatterns as core_sockets  # noqa: E402
+from reviews.routing import websocket_urlpatterns as review_sockets  # noqa: E402
 
 # The project's composition root: it alone wires every app's sockets together.
 
@@ -22,7 +23,7 @@ application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(core_sockets + agent_sockets))
+            AuthMiddlewareStack(URLRouter(core_sockets + agent_sockets + review_sockets))
         ),
     }
 )

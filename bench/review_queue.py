@@ -1,0 +1,274 @@
+"""Review queue figures with 100,000 changes. Prints `figure: <name> <value> <unit>` lines.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres REDIS_URL=redis://127.0.0.1:6379/13 \
+        .venv/bin/python bench/review_queue.py
+
+It creates (and drops) its own database `infraops_bench_queue` on DATABASE_URL's server,
+fills it with 100,000 changes over a year (about 9% awaiting review, most of them recent;
+mixed risk classes, 12 targets, 40 goals, generated titles), and measures through Django's
+test client (every middleware, the session, the templates) as a reviewer of two classes:
+
+- queue_page_p95_ms: the full page;
+- queue_partial_p95_ms: the table fragment (HX-Request, HX-Target: queue-table);
+- queue_count_nav_p95_ms: the navigation's count query alone;
+
+each over 80 requests: 10 rounds of 8 addresses (my queue, a class, a target, a title search,
+a search of every change, all changes of every status, the second page, a page 2,000 rows
+deep), after one warm-up round. Also the queries per request, each address's median, and
+queue_partial_search_miss_all_ms: a title search of every change that finds nothing (the
+worst case of icontains: every title is read).
+Targets (issue): <= 150 and <= 100.
+
+BENCH_EXTRA_INDEXES=1 first creates the trigram index on titles (EXTRA_INDEXES, not in the
+schema: pg_trgm may be missing from an embedded PostgreSQL), to measure with and without it; BENCH_KEEP_DATABASE=1 keeps the database to EXPLAIN queries.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BENCH_DB = "infraops_bench_queue"
+CHANGES = 100_000
+EXTRA_INDEXES = [
+    # icontains is UPPER(title) LIKE UPPER(%s): a trigram index answers a search that matches
+    # little without reading every title.
+    "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+    "CREATE INDEX change_title_trgm ON reviews_change USING gin ((UPPER(title)) gin_trgm_ops)",
+]
+ROUNDS = 10
+VERBS = ["Tune", "Raise", "Lower", "Cache", "Batch", "Fuse", "Pin", "Prefetch", "Shard",
+         "Quantise", "Reorder", "Inline", "Overlap", "Pipeline", "Drop", "Coalesce"]
+OBJECTS = ["batch_size", "max_queue", "the kv cache block size", "the attention kernel",
+           "the tokenizer pool", "the scheduler tick", "prefill chunks", "decode threads",
+           "NCCL buffers", "fp16 accumulation", "request coalescing", "the page allocator",
+           "speculative decoding", "the warm-up path", "CUDA graphs", "the router's retries"]
+WHERE = ["", " on llama-70b", " for the p95", " in the router", " under burst load",
+         " on the H100 pool", " for long prompts", " at low concurrency"]
+CLASS_SETS = [[], [], [], ["numerics"], ["concurrency"], ["production"], ["unclassified"],
+              ["numerics"], ["production"], ["numerics", "production"],
+              ["concurrency", "production"], ["numerics", "concurrency"],
+              ["numerics", "concurrency", "production"]]
+CHECKS = ["criteria", "diff policy", "risk", "base moved", "boundary"]
+OLD_STATUSES = (["merged"] * 50 + ["rejected"] * 15 + ["changes_requested"] * 8
+                + ["merge_failed"] * 4 + ["conflict"] * 4 + ["approved"] * 2
+                + ["pending_review"] * 5)
+NEW_STATUSES = (["pending_review"] * 45 + ["changes_requested"] * 15 + ["merged"] * 20
+                + ["approved"] * 5 + ["reverifying"] * 5 + ["merging"] * 5 + ["rejected"] * 5)
+
+
+def figure(name: str, value: float, unit: str) -> None:
+    print(f"figure: {name} {value:.4g} {unit}", flush=True)
+
+
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20)[-1]
+
+
+def admin_url() -> str:
+    parts = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
+    return urlunsplit(parts._replace(path="/postgres"))
+
+
+def recreate_database() -> str:
+    import psycopg
+
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {BENCH_DB}")
+    parts = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
+    return urlunsplit(parts._replace(path=f"/{BENCH_DB}"))
+
+
+def drop_database() -> None:
+    import psycopg
+
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+
+
+def setup() -> None:
+    os.environ["DATABASE_URL"] = recreate_database()
+    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/13")
+    os.environ["INFRAOPS_DATA"] = tempfile.mkdtemp(prefix="infraops-bench-queue-")
+    os.environ["DJANGO_SETTINGS_MODULE"] = "infraops.settings"
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+@contextmanager
+def explicit_created_at() -> Iterator[None]:
+    """bulk_create fills auto_now_add fields with now(); the bench needs a year of ages."""
+    from reviews.models import Change
+
+    field = Change._meta.get_field("created_at")
+    field.auto_now_add = False
+    try:
+        yield
+    finally:
+        field.auto_now_add = True
+
+
+def seed() -> Any:  # the reviewer
+    from django.contrib.auth.models import Group, User
+    from django.db import connection
+    from django.utils import timezone
+
+    from infraops.models import Goal, Target
+    from reviews.models import Change, ReviewerProfile
+
+    rng = random.Random(7)
+    reviewer = User.objects.create_user("rae", password="unused-bench-password")
+    reviewer.groups.add(Group.objects.get_or_create(name="reviewer")[0])
+    ReviewerProfile.objects.create(user=reviewer, risk_classes=["numerics", "concurrency"])
+    owner = User.objects.create_user("erin", password="unused-bench-password")
+    targets = [Target.objects.create(name=f"serving-{n}", repo_url=f"/srv/git/serving-{n}.git")
+               for n in range(12)]
+    goals = [Goal.objects.create(target=targets[n % 12], name=f"goal {n}", probe="latency",
+                                 metric="latency_ms", relative_target=0.1, owner=owner)
+             for n in range(40)]
+    now = timezone.now()
+    step = timedelta(days=365) / CHANGES
+    diff = "".join(f"-batch_size = {n}\n+batch_size = {n * 2}\n" for n in range(20))
+    rows = []
+    for n in range(CHANGES):  # oldest first, so ids rise with created_at as in production
+        created = now - step * (CHANGES - n) + timedelta(seconds=rng.random() * 60)
+        recent = now - created < timedelta(days=7)
+        gate = [{"name": name, "passed": rng.random() < 0.8, "detail": "measured"}
+                for name in rng.sample(CHECKS, rng.randint(3, 5))]
+        goal = rng.choice(goals) if rng.random() < 0.85 else None
+        rows.append(Change(
+            target=goal.target if goal else rng.choice(targets), goal=goal,
+            title=f"{rng.choice(VERBS)} {rng.choice(OBJECTS)}{rng.choice(WHERE)} (run {n // 7})",
+            hypothesis="A hypothesis of a few sentences. " * 4, diff=diff,
+            diff_sha256=Change.hash_diff(diff), base_commit="a" * 40, head_commit="b" * 40,
+            risk_classes=rng.choice(CLASS_SETS), gate=gate,
+            gate_passed=all(c["passed"] for c in gate),
+            status=rng.choice(NEW_STATUSES if recent else OLD_STATUSES),
+            author_label=f"run {n // 7}", created_at=created))
+    with explicit_created_at():
+        Change.objects.bulk_create(rows, batch_size=5000)
+    with connection.cursor() as cursor:
+        if os.environ.get("BENCH_EXTRA_INDEXES"):
+            for statement in EXTRA_INDEXES:
+                cursor.execute(statement)
+            print("  with the extra indexes")
+        cursor.execute("VACUUM ANALYZE reviews_change")
+    return reviewer
+
+
+def addresses(client: Any) -> list[str]:
+    import re
+
+    from infraops.models import Target
+
+    def next_of(url: str) -> str:
+        page = client.get(url).content.decode()
+        found = re.search(r'<a rel="next" href="([^"]+)"', page)
+        assert found, f"no next page after {url}"
+        return found.group(1).replace("&amp;", "&")
+
+    deep = "/reviews/?scope=all&status=any"
+    for _ in range(80):  # 80 pages of 25: 2,000 rows deep
+        deep = next_of(deep)
+    return [
+        "/reviews/", "/reviews/?class=numerics",
+        f"/reviews/?target={Target.objects.order_by('pk').values_list('pk', flat=True)[3]}",
+        "/reviews/?q=kv+cache", "/reviews/?scope=all&status=any&q=NCCL",
+        "/reviews/?scope=all&status=any", next_of("/reviews/"), deep,
+    ]
+
+
+def timed(client: Any, url: str, headers: dict[str, str]) -> tuple[float, int]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        start = time.perf_counter()
+        response = client.get(url, headers=headers)
+        elapsed = (time.perf_counter() - start) * 1000
+    assert response.status_code == 200, (url, response.status_code)
+    return elapsed, len(queries)
+
+
+def measure(client: Any, urls: list[str], name: str, headers: dict[str, str]) -> None:
+    for url in urls:  # warm-up: templates compiled, connection and plans cached
+        timed(client, url, headers)
+    times: dict[str, list[float]] = {url: [] for url in urls}
+    counts: set[int] = set()
+    for _ in range(ROUNDS):
+        for url in urls:
+            elapsed, queries = timed(client, url, headers)
+            times[url].append(elapsed)
+            counts.add(queries)
+    every = [t for ts in times.values() for t in ts]
+    figure(f"{name}_p95_ms", p95(every), "ms")
+    figure(f"{name}_median_ms", statistics.median(every), "ms")
+    print(f"  {name}: {len(every)} requests, {min(counts)}-{max(counts)} queries each")
+    for url, ts in times.items():
+        shown = url if len(url) < 60 else url[:57] + "..."
+        print(f"  {statistics.median(ts):7.1f} ms median  {shown}")
+
+
+def measure_search_miss(client: Any) -> None:
+    url = "/reviews/?scope=all&status=any&q=no-such-title"
+    headers = {"HX-Request": "true", "HX-Target": "queue-table"}
+    timed(client, url, headers)
+    times = [timed(client, url, headers)[0] for _ in range(10)]
+    figure("queue_partial_search_miss_all_ms", statistics.median(times), "ms")
+
+
+def measure_count(reviewer: Any) -> None:
+    from reviews.live import awaiting_for_classes
+
+    classes = list(reviewer.reviewer_profile.risk_classes)
+    awaiting_for_classes(classes).count()
+    times = []
+    for _ in range(80):
+        start = time.perf_counter()
+        awaiting_for_classes(classes).count()
+        times.append((time.perf_counter() - start) * 1000)
+    figure("queue_count_nav_p95_ms", p95(times), "ms")
+
+
+def main() -> None:
+    setup()
+    try:
+        from django.test import Client
+
+        start = time.perf_counter()
+        reviewer = seed()
+        print(f"  seeded {CHANGES} changes in {time.perf_counter() - start:.1f} s")
+        client = Client(HTTP_HOST="localhost")
+        client.force_login(reviewer)
+        urls = addresses(client)
+        measure(client, urls, "queue_page", {})
+        measure(client, urls, "queue_partial", {"HX-Request": "true", "HX-Target": "queue-table"})
+        measure_count(reviewer)
+        measure_search_miss(client)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if not os.environ.get("BENCH_KEEP_DATABASE"):  # kept: to EXPLAIN the queries after
+            drop_database()
+
+
+if __name__ == "__main__":
+    main()
