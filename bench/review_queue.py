@@ -20,7 +20,8 @@ worst case of icontains: every title is read).
 Targets (issue): <= 150 and <= 100.
 
 BENCH_EXTRA_INDEXES=1 first creates the trigram index on titles (EXTRA_INDEXES, not in the
-schema: pg_trgm may be missing from an embedded PostgreSQL), to measure with and without it; BENCH_KEEP_DATABASE=1 keeps the database to EXPLAIN queries.
+schema: pg_trgm may be missing from an embedded PostgreSQL), to measure with and without it;
+BENCH_KEEP_DATABASE=1 keeps the database to EXPLAIN queries.
 """
 
 from __future__ import annotations

@@ -51,6 +51,19 @@ def ab_distributions(groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return _plain(figure)
 
 
+def feedback_charts(feedback: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The charts an experiment's feedback can draw, each with the element ids a page embeds
+    it under (the experiment page and the change page show the same ones)."""
+    charts = []
+    if feedback.get("distributions"):
+        charts.append({"id": "chart-ab", "figure_id": "chart-ab-figure",
+                       "figure": ab_distributions(feedback["distributions"])})
+    if feedback.get("series"):
+        charts.append({"id": "chart-series", "figure_id": "chart-series-figure",
+                       "figure": error_vs_size(feedback["series"])})
+    return charts
+
+
 def _plain(figure: go.Figure) -> dict[str, Any]:
     """Plain JSON data (plotly's own encoder turns its arrays into lists)."""
     plain: dict[str, Any] = json.loads(pio.to_json(figure, validate=False, engine="json"))

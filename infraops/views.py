@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
 
 from infraops.access import require_any_role
-from infraops.charts import ab_distributions, error_vs_size
+from infraops.charts import feedback_charts
 from infraops.models import Experiment, Target
 from infraops.workers import missing_worker_message
 
@@ -27,20 +27,12 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     require_any_role(request)
     experiment = get_object_or_404(Experiment.objects.select_related("target"), pk=pk)
     waiting = experiment.status == Experiment.Status.QUEUED
-    found = experiment.feedback or {}
-    charts = []
-    if found.get("distributions"):
-        charts.append({"id": "chart-ab", "figure_id": "chart-ab-figure",
-                       "figure": ab_distributions(found["distributions"])})
-    if found.get("series"):
-        charts.append({"id": "chart-series", "figure_id": "chart-series-figure",
-                       "figure": error_vs_size(found["series"])})
     return render(request, "infraops/experiment.html", {
         "experiment": experiment,
         "worker_warning": missing_worker_message(experiment.queue) if waiting else None,
         "executions": experiment.executions.order_by("attempt", "id"),
         "logs": experiment.logs.order_by("seq")[:2000],
-        "charts": charts,
+        "charts": feedback_charts(experiment.feedback or {}),
     })
 
 

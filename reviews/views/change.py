@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from infraops.access import HtmxHttpRequest, require_any_role
-from infraops.charts import ab_distributions, error_vs_size
+from infraops.charts import feedback_charts
 from infraops.errors import DomainError, Forbidden
 from reviews.diff_render import render_diff
 from reviews.models import Change, ReviewDecision
@@ -61,18 +61,6 @@ def _commenting(request: HtmxHttpRequest) -> tuple[str, str, int] | None:
     return (path, side, int(line)) if side in ("new", "old") and line.isdigit() and path else None
 
 
-def _charts(change: Change) -> list[dict[str, Any]]:
-    found = change.experiment.feedback if change.experiment is not None else {}
-    charts = []
-    if found.get("distributions"):
-        charts.append({"id": "chart-ab", "figure_id": "chart-ab-figure",
-                       "figure": ab_distributions(found["distributions"])})
-    if found.get("series"):
-        charts.append({"id": "chart-series", "figure_id": "chart-series-figure",
-                       "figure": error_vs_size(found["series"])})
-    return charts
-
-
 def _context(request: HtmxHttpRequest, change: Change, **forms_: Any) -> dict[str, Any]:
     comments = [{"path": c.path, "line": c.line, "side": c.side, "text": c.text,
                  "author": str(c.author), "created_at": c.created_at,
@@ -87,7 +75,8 @@ def _context(request: HtmxHttpRequest, change: Change, **forms_: Any) -> dict[st
         "can_decide": denial is None, "decide_denial": denial,
         "form": forms_.get("form") or DecisionForm(initial={"diff_sha256": change.diff_sha256}),
         "comment_form": forms_.get("comment_form") or CommentForm(),
-        "commenting": _commenting(request), "charts": _charts(change),
+        "commenting": _commenting(request),
+        "charts": feedback_charts(change.experiment.feedback if change.experiment else {}),
         "runs": change.runs.select_related("goal_version"),
     }
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +133,22 @@ def passing_submit(example_target: Target, auto_goal: GoalVersion, engineer: Use
         return change_submit(**(arguments | overrides))
 
     return submit
+
+
+@contextmanager
+def origin_moved(target: Target, tmp_path: Path) -> Iterator[str]:
+    """Inside the block the origin's main is one commit ahead of where InfraOps cloned it
+    (so a push is refused as non-fast-forward); after it, main is back where it was."""
+    origin = Path(target.repo_url)
+    before = gitops.rev_parse(origin, "refs/heads/main")
+    tree = tmp_path / "upstream-work"
+    gitops.worktree_add(origin, tree, before)
+    (tree / "README.md").write_text("Pushed upstream meanwhile.\n")
+    upstream = gitops.commit_all(tree, "upstream", author_name="U", author_email="u@example.test")
+    gitops.worktree_remove(origin, tree)
+    assert upstream is not None
+    gitops.branch_move(origin, "main", new=upstream, old=before)
+    try:
+        yield upstream
+    finally:
+        gitops.branch_move(origin, "main", new=before, old=upstream)

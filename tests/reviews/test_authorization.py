@@ -12,11 +12,11 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
 
-from infraops import gitops
 from infraops.models import AuditEntry, Target
 from reviews.models import Change, ReviewComment, ReviewDecision, ReviewerProfile
 from reviews.services import review_decide
 from tests.conftest import UserFactory
+from tests.reviews.conftest import origin_moved
 
 ROLES = ["viewer", "engineer", "run-starter", "reviewer-of-another-class", "reviewer", "admin",
          "agent"]
@@ -47,19 +47,9 @@ def actor(role: str, change: Change) -> User | None:
 
 def make_merge_failed(change: Change, target: Target, tmp_path: Path) -> None:
     """Approved by another reviewer while the origin refused the push; origin put back."""
-    origin = Path(target.repo_url)
-    before = gitops.rev_parse(origin, "refs/heads/main")
-    tree = tmp_path / "upstream"
-    gitops.worktree_add(origin, tree, before)
-    (tree / "README.md").write_text("upstream\n")
-    upstream = gitops.commit_all(tree, "upstream", author_name="U", author_email="u@x.test")
-    gitops.worktree_remove(origin, tree)
-    assert upstream is not None
-    gitops.branch_move(origin, "main", new=upstream, old=before)
-    review_decide(change=change, reviewer=cast(User, UserFactory(username="approver",
-                                                                 roles=["reviewer"])),
-                  decision="approve")
-    gitops.branch_move(origin, "main", new=before, old=upstream)
+    with origin_moved(target, tmp_path):
+        review_decide(change=change, decision="approve",
+                      reviewer=cast(User, UserFactory(username="approver", roles=["reviewer"])))
     change.refresh_from_db()
     assert change.status == Change.Status.MERGE_FAILED
 

@@ -30,7 +30,7 @@ from reviews.services import (
 from tests.conftest import UserFactory
 from tests.e2e.conftest import system_env
 from tests.infraops.workers_harness import wait_until
-from tests.reviews.conftest import CommitOn, criterion_finding
+from tests.reviews.conftest import CommitOn, criterion_finding, origin_moved
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -174,19 +174,10 @@ def test_two_reviewers_deciding_at_once_make_exactly_one_decision(
 def _approved_but_merge_failed(change: Change, reviewer: User, example_target: Target,
                                tmp_path: Path) -> None:
     """Approve while the origin has moved (the push is refused), then put the origin back."""
-    origin = Path(example_target.repo_url)
-    before = tip(origin)
-    tree = tmp_path / "upstream-work"
-    gitops.worktree_add(origin, tree, before)
-    (tree / "README.md").write_text("Pushed upstream meanwhile.\n")
-    upstream = gitops.commit_all(tree, "upstream", author_name="U", author_email="u@example.test")
-    gitops.worktree_remove(origin, tree)
-    assert upstream is not None
-    gitops.branch_move(origin, "main", new=upstream, old=before)
-    review_decide(change=change, reviewer=reviewer, decision="approve")
+    with origin_moved(example_target, tmp_path):
+        review_decide(change=change, reviewer=reviewer, decision="approve")
     change.refresh_from_db()
     assert change.status == Change.Status.MERGE_FAILED, change.merge_error
-    gitops.branch_move(origin, "main", new=before, old=upstream)
 
 
 def test_a_double_clicked_merge_merges_once(config_change: Change, reviewer: User,

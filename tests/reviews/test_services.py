@@ -16,7 +16,7 @@ from infraops.models import AuditEntry, Target
 from reviews.models import Change, ReviewDecision
 from reviews.services import change_advance, change_submit, review_decide
 from tests.conftest import UserFactory
-from tests.reviews.conftest import SERVING_TOML, CommitOn
+from tests.reviews.conftest import SERVING_TOML, CommitOn, origin_moved
 
 
 def main_tip(repo: Path) -> str:
@@ -275,18 +275,8 @@ def test_the_database_refuses_to_change_or_delete_audit_entries(config_change: C
 def test_a_rejected_push_leaves_the_clones_branch_where_it_was(
     config_change: Change, reviewer: User, example_target: Target, tmp_path: Path
 ) -> None:
-    origin = Path(example_target.repo_url)
-    base = main_tip(origin)
-    tree = tmp_path / "upstream-work"
-    gitops.worktree_add(origin, tree, base)
-    (tree / "README.md").write_text("Pushed upstream meanwhile.\n")
-    upstream = gitops.commit_all(tree, "upstream", author_name="U", author_email="u@example.test")
-    gitops.worktree_remove(origin, tree)
-    assert upstream is not None
-    gitops.merge(origin, branch="main", commit=upstream, expected_base=base, message="upstream",
-                 author_name="U", author_email="u@example.test")
-
-    review_decide(change=config_change, reviewer=reviewer, decision="approve")
+    with origin_moved(example_target, tmp_path):
+        review_decide(change=config_change, reviewer=reviewer, decision="approve")
 
     config_change.refresh_from_db()
     assert config_change.status == Change.Status.MERGE_FAILED
