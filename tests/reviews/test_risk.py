@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,11 @@ from reviews.risk import (
     CONCURRENCY,
     NUMERICS,
     PRODUCTION,
+    UNCLASSIFIED,
     DiffParseError,
+    Finding,
     classify,
+    risk_classes,
     rules_from_manifest,
 )
 from tests.conftest import EXAMPLE
@@ -71,7 +75,10 @@ def test_a_tf32x3_precision_change_is_numerics_on_its_own_line(tmp_path: Path) -
         (NUMERICS, "kda/cp_merge.py", 7)
     ]
     assert 'input_precision="tf32x3"' in precision[0].text
-    assert precision[0].reason == "changes a precision mode or numeric type"
+    assert precision[0].reason == (
+        'sets the input precision of a dot product (input_precision="tf32x3"): tf32 keeps 10 '
+        "mantissa bits, tf32x3 and ieee are closer to FP32")
+    assert precision[0].context == "merge_state"
 
 
 def test_a_removed_line_is_numbered_in_the_old_file() -> None:
@@ -149,8 +156,11 @@ def test_a_manifest_risk_rule_flags_a_config_change(tmp_path: Path) -> None:
     assert sorted((f.line, f.text) for f in findings) == [
         (2, "batch_size = 2"), (2, "batch_size = 8")
     ]
-    # Without the manifest's rule, the same diff is not risky at all.
-    assert classify(diff) == []
+    # Without the manifest's rule the built-in serving analysis flags the same lines: a batch
+    # limit in a serving configuration is production whoever names it.
+    assert {(f.category, f.rule, f.line, f.text) for f in classify(diff)} == {
+        (PRODUCTION, "serving", 2, "batch_size = 2"), (PRODUCTION, "serving", 2, "batch_size = 8")
+    }
 
 
 def test_a_manifest_rule_with_patterns_flags_only_matching_lines() -> None:
@@ -189,9 +199,10 @@ def test_findings_serialise_to_plain_dicts() -> None:
 
     assert finding.as_dict() == {
         "category": NUMERICS, "rule": "precision",
-        "reason": "changes a precision mode or numeric type", "path": "k.py", "line": 1,
-        "text": "y = bfloat16(1)",
+        "reason": "changes a numeric type (bfloat16(1)): a different precision or range",
+        "path": "k.py", "line": 1, "text": "y = bfloat16(1)", "side": "added", "context": "",
     }
+    assert json.loads(json.dumps(finding.as_dict())) == finding.as_dict()
 
 
 def test_a_malformed_diff_raises_diff_parse_error() -> None:
@@ -204,3 +215,369 @@ def test_a_malformed_diff_raises_diff_parse_error() -> None:
 def test_prose_that_is_not_a_diff_raises_diff_parse_error() -> None:
     with pytest.raises(DiffParseError):
         classify("Please merge: I changed the tf32 precision of the dot.\n")
+
+
+# --- Whole files: binaries, unknown languages, renames, modes, deletions ---------------------
+
+BINARY = """\
+diff --git a/engine/_C.so b/engine/_C.so
+index 1a2b3c4..5d6e7f8 100755
+Binary files a/engine/_C.so and b/engine/_C.so differ
+"""
+GIT_BINARY_PATCH = """\
+diff --git a/kernels/attn.cubin b/kernels/attn.cubin
+new file mode 100644
+index 0000000000000000000000000000000000000000..6e74803e9686e0075df239f3d091bc9b08ea5274
+GIT binary patch
+literal 12
+TcmZ?wbhEHbWMp7qU|?VX00RI3
+
+literal 0
+HcmV?d00001
+
+"""
+ZIG = """\
+diff --git a/tools/tok.zig b/tools/tok.zig
+index 1111111..2222222 100644
+--- a/tools/tok.zig
++++ b/tools/tok.zig
+@@ -1,3 +1,3 @@
+ pub fn count(text: []const u8) usize {
+-    var n: usize = 0;
++    var n: usize = 1;
+     return n;
+"""
+RENAMED_DOC = """\
+diff --git a/docs/precision.md b/docs/guides/precision.md
+similarity index 100%
+rename from docs/precision.md
+rename to docs/guides/precision.md
+"""
+DEPLOY_MODE = """\
+diff --git a/deploy/restart.sh b/deploy/restart.sh
+old mode 100644
+new mode 100755
+"""
+TOOL_MODE = """\
+diff --git a/scripts/format.py b/scripts/format.py
+old mode 100644
+new mode 100755
+"""
+DELETED_LOCK = """\
+diff --git a/engine/pool.py b/engine/pool.py
+deleted file mode 100644
+index 3b18e51..0000000
+--- a/engine/pool.py
++++ /dev/null
+@@ -1,3 +0,0 @@
+-import threading
+-
+-POOL_LOCK = threading.Lock()
+"""
+EMPTY_NEW = """\
+diff --git a/engine/__init__.py b/engine/__init__.py
+new file mode 100644
+index 0000000..e69de29
+"""
+BINARY_IN_DEPLOY = """\
+diff --git a/deploy/certs/ca.der b/deploy/certs/ca.der
+index 1a2b3c4..5d6e7f8 100644
+Binary files a/deploy/certs/ca.der and b/deploy/certs/ca.der differ
+"""
+
+
+@pytest.mark.parametrize(("diff", "expected"), [
+    pytest.param(BINARY, [(UNCLASSIFIED, "unreadable", "engine/_C.so", None)], id="binary"),
+    pytest.param(GIT_BINARY_PATCH, [(UNCLASSIFIED, "unreadable", "kernels/attn.cubin", None)],
+                 id="git-binary-patch"),
+    pytest.param(ZIG, [(UNCLASSIFIED, "unreadable", "tools/tok.zig", None)],
+                 id="unknown-language"),
+    pytest.param(RENAMED_DOC, [], id="renamed-doc"),
+    pytest.param(DEPLOY_MODE, [(PRODUCTION, "deploy", "deploy/restart.sh", None)],
+                 id="mode-change-in-deploy"),
+    pytest.param(TOOL_MODE, [], id="mode-change-of-a-dev-script"),
+    pytest.param(DELETED_LOCK, [(CONCURRENCY, "locks", "engine/pool.py", 3)],
+                 id="deleted-file-with-a-lock"),
+    pytest.param(EMPTY_NEW, [], id="empty-new-file"),
+    pytest.param(BINARY_IN_DEPLOY, [(UNCLASSIFIED, "unreadable", "deploy/certs/ca.der", None),
+                                    (PRODUCTION, "deploy", "deploy/certs/ca.der", None)],
+                 id="binary-in-deploy"),
+])
+def test_whole_file_changes_are_classified_by_what_can_be_read(
+        diff: str, expected: list[tuple[str, str, str, int | None]]) -> None:
+    findings = classify(diff)
+
+    assert [(f.category, f.rule, f.path, f.line) for f in findings] == expected
+
+
+def test_an_unclassified_file_says_why() -> None:
+    [binary] = classify(BINARY)
+    [unknown] = classify(ZIG)
+
+    assert binary.reason == "binary file: the classifier cannot read it"
+    assert unknown.reason == "unknown language (.zig)"
+    assert (binary.side, binary.text) == ("file", "")
+
+
+# --- What is harmless ------------------------------------------------------------------------
+
+SAMPLER = """\
+import torch
+
+
+def sample(logits, temperature):
+    # The lock-free path: logits stay in float32 here.
+    logits = logits.float() / temperature
+    scores = torch.softmax(logits, dim=-1)
+    return torch.multinomial(scores, 1)
+"""
+KERNEL_CU = """\
+static __global__ void scale_rows(const float * x, float * dst, const int ncols) {
+    const int row = blockIdx.x;
+    for (int col = threadIdx.x; col < ncols; col += blockDim.x) {
+        dst[row*ncols + col] = 2.0f * x[row*ncols + col];
+    }
+}
+"""
+
+
+@pytest.mark.parametrize(("path", "old", "new"), [
+    pytest.param("engine/sampler.py", SAMPLER, SAMPLER.replace(
+        "# The lock-free path: logits stay in float32 here.",
+        "# No lock is taken here; logits stay in float32 (float16 underflows)."),
+        id="comment-mentioning-lock-and-float16"),
+    pytest.param("engine/sampler.py", SAMPLER, SAMPLER.replace(
+        "def sample(logits, temperature):\n",
+        'def sample(logits, temperature):\n    """Sample in float16 under the lock."""\n'),
+        id="docstring"),
+    pytest.param("engine/sampler.py", SAMPLER, SAMPLER.replace("scores", "probs"),
+                 id="local-rename"),
+    pytest.param("engine/sampler.py", SAMPLER, SAMPLER.replace(
+        "def sample(logits, temperature):",
+        "def sample(logits: torch.Tensor, temperature: float) -> torch.Tensor:"),
+        id="type-hints"),
+    pytest.param("engine/sampler.py", SAMPLER, "import threading\n" + SAMPLER,
+                 id="an-import-alone"),
+    pytest.param("engine/loader.py", 'log.info("loading weights")\n',
+                 'log.info("loading weights (float16 or bfloat16)")\n', id="log-message"),
+    pytest.param("tests/test_sampler.py", "assert_close(a, b, atol=1e-3)\n",
+                 "assert_close(a, b, atol=1e-2)\n", id="test-tolerance"),
+    pytest.param("README.md", "Run with `--tensor-parallel-size 2`.\n",
+                 "Run with `--tensor-parallel-size 4`.\n", id="readme"),
+    pytest.param("csrc/ring.hpp", "// producer owns head_\n",
+                 "// producer owns head_ (an atomic, no mutex)\n", id="c-comment"),
+    pytest.param("csrc/scale.cu", KERNEL_CU, KERNEL_CU.replace(
+        "    for (int col", "#pragma unroll\n    for (int col"), id="pragma-unroll"),
+    pytest.param(".gitignore", "build/\n", "build/\n*.so\n", id="gitignore"),
+])
+def test_a_harmless_change_has_no_findings(path: str, old: str, new: str) -> None:
+    assert classify(unified(path, old, new)) == []
+
+
+# --- What is risky, and why ------------------------------------------------------------------
+
+QUEUE = """\
+import threading
+
+
+class Jobs:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.items = []
+
+    def add(self, item):
+        with self._lock:
+            self.items.append(item)
+"""
+TRITON = """\
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n)
+    tl.store(out_ptr + offs, x * 2, mask=offs < n)
+"""
+SOFTMAX = """\
+import torch
+
+
+def stable_softmax(x):
+    m = x.amax(dim=-1, keepdim=True)
+    e = (x - m).exp()
+    return e / e.sum(dim=-1, keepdim=True)
+"""
+
+
+@pytest.mark.parametrize(("path", "old", "new", "expected"), [
+    pytest.param("engine/jobs.py", QUEUE, QUEUE.replace(
+        "        with self._lock:\n            self.items.append(item)\n",
+        "        self.items.append(item)\n"),
+        {(CONCURRENCY, "locks", 10, "removed")}, id="removed-lock"),
+    pytest.param("engine/native.py", "lib = ctypes.CDLL(path)\n", "lib = ctypes.PyDLL(path)\n",
+                 {(CONCURRENCY, "locks", 1, "removed"), (CONCURRENCY, "locks", 1, "added")},
+                 id="cdll-to-pydll"),
+    pytest.param("engine/ep.py", "RELEASE_GIL = False\n", "RELEASE_GIL = True\n",
+                 {(CONCURRENCY, "locks", 1, "removed"), (CONCURRENCY, "locks", 1, "added")},
+                 id="a-value-of-a-gil-setting"),
+    pytest.param("kda/merge.py", 'INPUT_PRECISION = "tf32"\n', 'INPUT_PRECISION = "tf32x3"\n',
+                 {(NUMERICS, "precision", 1, "removed"), (NUMERICS, "precision", 1, "added")},
+                 id="a-value-of-a-precision-setting"),
+    pytest.param("kernels/scale.py", TRITON, TRITON.replace("x * 2", "x * 2 + 1"),
+                 {(NUMERICS, "kernel", 9, "added")}, id="inside-a-triton-kernel"),
+    pytest.param("engine/softmax.py", SOFTMAX, SOFTMAX.replace("(x - m).exp()", "x.exp()"),
+                 {(NUMERICS, "accumulation", 6, "removed")}, id="inside-a-softmax"),
+    pytest.param("csrc/scale.cu", KERNEL_CU, KERNEL_CU.replace(
+        "        dst[row*ncols + col] = 2.0f * x[row*ncols + col];\n",
+        "        dst[row*ncols + col] = 2.0f * x[row*ncols + col];\n        __syncthreads();\n"),
+        {(CONCURRENCY, "sync", 5, "added")}, id="syncthreads"),
+    pytest.param("csrc/scale.cu", KERNEL_CU, KERNEL_CU.replace("2.0f * x", "__expf(x")
+                 .replace("col];\n    }", "col]);\n    }"),
+                 {(NUMERICS, "kernel", 4, "removed"), (NUMERICS, "fast-math", 4, "added")},
+                 id="approximate-intrinsic"),
+    pytest.param("CMakeLists.txt", 'set(CMAKE_CUDA_FLAGS "-O3")\n',
+                 'set(CMAKE_CUDA_FLAGS "-O3 --use_fast_math")\n',
+                 {(NUMERICS, "fast-math", 1, "added")}, id="fast-math-flag"),
+    pytest.param("scripts/bench.sh", "vllm serve $MODEL \\\n    --tensor-parallel-size 4\n",
+                 "vllm serve $MODEL \\\n    --tensor-parallel-size 8\n",
+                 {(PRODUCTION, "launch", 2, "removed"), (PRODUCTION, "launch", 2, "added")},
+                 id="launch-flag"),
+    pytest.param("configs/engine.yaml", "model: llama\nmax_num_seqs: 256\n",
+                 "model: llama\nmax_num_seqs: 512\n",
+                 {(PRODUCTION, "serving", 2, "removed"), (PRODUCTION, "serving", 2, "added")},
+                 id="serving-yaml-key"),
+    pytest.param("engine.yaml", "apiVersion: apps/v1\nkind: Deployment\nspec:\n  replicas: 2\n",
+                 "apiVersion: apps/v1\nkind: Deployment\nspec:\n  replicas: 3\n",
+                 {(PRODUCTION, "deploy", 4, "removed"), (PRODUCTION, "deploy", 4, "added")},
+                 id="kubernetes-manifest-outside-k8s"),
+])
+def test_a_risky_change_gets_its_class_on_its_lines(
+        path: str, old: str, new: str, expected: set[tuple[str, str, int, str]]) -> None:
+    findings = classify(unified(path, old, new))
+
+    assert {(f.category, f.rule, f.line, f.side) for f in findings} == expected
+    assert all(f.path == path and f.reason for f in findings)
+
+
+def test_the_context_names_the_enclosing_kernel() -> None:
+    # Only the added line has a changed token: "+ 1" was inserted, nothing was removed.
+    [added] = classify(unified("kernels/scale.py", TRITON, TRITON.replace("x * 2", "x * 2 + 1")))
+
+    assert (added.side, added.context) == ("added", "scale_kernel")
+    assert added.reason == ("changes code inside the Triton kernel `scale_kernel`: its "
+                            "arithmetic, indexing or order of operations")
+
+
+def test_a_store_replaced_by_an_atomic_is_concurrency_only() -> None:
+    old = "__global__ void count(int * c, const int * e) {\n    c[e[threadIdx.x]] += 1;\n}\n"
+    new = old.replace("c[e[threadIdx.x]] += 1;", "atomicAdd(&c[e[threadIdx.x]], 1);")
+
+    assert risk_classes(classify(unified("csrc/count.cu", old, new))) == [CONCURRENCY]
+
+
+# --- Rules: built-in subsets, targets, precedence ----------------------------------------------
+
+def test_a_subset_of_the_builtin_rules_keeps_only_their_findings() -> None:
+    diff = unified("engine/mix.py", "x = 1\n", "x = y.half()\nlock = threading.Lock()\n")
+    numerics_only = [rule for rule in BUILTIN_RULES if rule.category == NUMERICS]
+
+    assert risk_classes(classify(diff)) == [CONCURRENCY, NUMERICS]
+    assert risk_classes(classify(diff, numerics_only)) == [NUMERICS]
+
+
+def test_a_target_rule_outranks_a_builtin_finding_of_its_category_only() -> None:
+    rule = RiskRule("engine-knobs", "production", "changes the engine's tuned knobs",
+                    patterns=(r"max_num_seqs",))
+    diff = unified("engine/args.py", "max_num_seqs: int = 256\n",
+                   "max_num_seqs: int = 512\nlock = threading.Lock()\n")
+
+    findings = classify(diff, BUILTIN_RULES + rules_from_manifest([rule]))
+
+    assert {(f.rule, f.line, f.side) for f in findings} == {
+        ("engine-knobs", 1, "removed"), ("engine-knobs", 1, "added"), ("locks", 2, "added"),
+    }
+
+
+def test_a_target_path_rule_flags_a_file_without_lines_as_a_whole() -> None:
+    rule = RiskRule("prebuilt", "numerics", "prebuilt kernels change results",
+                    paths=("kernels/**",))
+
+    findings = classify(GIT_BINARY_PATCH, BUILTIN_RULES + rules_from_manifest([rule]))
+
+    assert [(f.category, f.rule, f.line) for f in findings] == [
+        (UNCLASSIFIED, "unreadable", None), (NUMERICS, "prebuilt", None),
+    ]
+
+
+def test_findings_come_in_diff_order() -> None:
+    diff = (unified("b.py", "x = 1\n", "x = y.half()\n")
+            + unified("a.py", "lock = None\n", "lock = threading.Lock()\n"))
+
+    assert [(f.path, f.side) for f in classify(diff)] == [
+        ("b.py", "added"), ("a.py", "removed"), ("a.py", "added"),
+    ]
+
+
+def test_risk_classes_are_the_sorted_distinct_categories() -> None:
+    def finding(category: str) -> Finding:
+        return Finding(category, "r", "why", "p", 1, "t")
+
+    assert risk_classes([finding(PRODUCTION), finding(NUMERICS), finding(PRODUCTION)]) == [
+        NUMERICS, PRODUCTION,
+    ]
+    assert risk_classes([]) == []
+
+
+def test_a_diff_parse_error_is_a_value_error() -> None:
+    assert issubclass(DiffParseError, ValueError)
+    assert classify("") == []
+
+
+# --- Renames, moves, contexts the hunk does not show -------------------------------------------
+
+def test_a_rename_needs_the_new_name_bound_in_the_diff() -> None:
+    rename = TRITON.replace("x = tl.load", "v = tl.load").replace("x * 2", "v * 2")
+    # `n` is a parameter the diff does not bind anew: using it is a change, not a rename.
+    substitution = TRITON.replace("offs, x * 2", "offs, n * 2")
+
+    assert classify(unified("kernels/scale.py", TRITON, rename)) == []
+    assert risk_classes(classify(unified("kernels/scale.py", TRITON, substitution))) == [NUMERICS]
+
+
+def test_code_moved_to_another_file_is_not_flagged_but_one_common_line_is() -> None:
+    helper = "def guard(fn):\n    with _lock:\n        value = fn()\n    return value\n"
+    moved = (unified("engine/utils.py", "import os\n\n" + helper, "import os\n")
+             + unified("engine/guards.py", "", helper))
+    one_line = (unified("engine/a.py", "x = 1\nwith _lock:\n    x = 2\n", "x = 1\n    x = 2\n")
+                + unified("engine/b.py", "y = 1\n", "y = 1\nwith _lock:\n"))
+
+    assert classify(moved) == []
+    assert {(f.path, f.side) for f in classify(one_line)} >= {("engine/a.py", "removed")}
+
+
+def test_a_cuda_function_whose_qualifiers_are_above_the_hunk_is_device_code(
+        tmp_path: Path) -> None:
+    old = ("template <int kThreads>\n__global__ void __launch_bounds__(kThreads, 1)\n"
+           "combine(int * out, const int * x, int n) {\n    const int lane = threadIdx.x;\n"
+           "    for (int i = lane; i < n; i += 32) {\n        out[i] = x[i];\n    }\n"
+           "    out[0] += 0;\n    out[1] += 0;\n    out[2] += 0;\n    out[3] += 0;\n"
+           "    out[4] += 0;\n    out[5] += 0;\n    out[6] += 0;\n    out[7] = x[7];\n}\n")
+    new = old.replace("    out[7] = x[7];", "    out[7] = x[7] + 1;")
+    diff = git_diff(tmp_path, {"csrc/combine.cu": old}, {"csrc/combine.cu": new})
+    # The hunk shows neither the qualifiers nor threadIdx; git names the function.
+    assert "@@ -12,5 +12,5 @@ combine(int * out" in diff
+
+    [finding] = classify(diff)
+
+    assert (finding.category, finding.rule, finding.context) == (NUMERICS, "kernel", "combine")
+
+
+def test_threads_in_a_kernel_language_are_gpu_lanes_not_host_threads() -> None:
+    tilelang = ("import tilelang.language as T\n\n\ndef build(threads: int = 128):\n"
+                "    return T.Kernel(4, threads=threads)\n")
+
+    findings = classify(unified("kernels/tl_h.py", tilelang, tilelang.replace("128", "256")))
+
+    assert risk_classes(findings) == [NUMERICS]

@@ -1,0 +1,113 @@
+"""The built-in analysis of one changed file: which analyser reads it, and what a file with
+nothing to read (a binary, a rename, a mode change) is.
+
+Contract: ``analyse(change, moves)`` returns the file's built-in findings, each with an order
+key (hunk, line within the hunk; whole-file findings first), at most one per rule and line.
+Every file is either analysed or reported as one ``unclassified`` finding saying why not (a
+binary, an unknown language). Test code and documentation are analysed to nothing: they do
+not run in production (a test's tolerance is the probes' and the diff policy's business).
+"""
+
+from __future__ import annotations
+
+import re
+
+from reviews.risk import files, production
+from reviews.risk.code import (
+    NATIVE,
+    PYTHON,
+    PYTHON_TRITON,
+    TRITON_FILE,
+    MoveIndex,
+    analyse_code,
+    c_contexts_for,
+    python_contexts_for,
+    python_extra,
+)
+from reviews.risk.diff import REMOVED, FileChange
+from reviews.risk.lexers import lex_c, lex_python
+from reviews.risk.lines import Ordered, whole
+from reviews.risk.signatures import DEPLOY, LAUNCH, PRODUCTION, UNCLASSIFIED, UNREADABLE
+
+__all__ = ["MoveIndex", "Ordered", "analyse"]
+
+
+def analyse(change: FileChange, moves: MoveIndex | None = None) -> list[Ordered]:
+    """The built-in findings of one file (see the module docstring); ``moves``: the diff's
+    changed lines, so that code moved from another file is not flagged again."""
+    path = change.path
+    kind = files.deployment_kind(path) or (
+        files.deployment_kind(change.old_path) if change.old_path != path else None) or (
+        _kubernetes_content(change))
+    if change.binary or any("\x00" in line.text for hunk in change.hunks for line in hunk.lines):
+        found = [whole(change, UNCLASSIFIED, UNREADABLE, "binary file: the classifier cannot "
+                       "read it")]
+        if kind:
+            found.append(whole(change, PRODUCTION, DEPLOY, f"changes {kind} (a binary)"))
+        return [((-1, -1), finding) for finding in found]
+    if not change.hunks:
+        return _without_content(change, kind)
+    if kind:
+        return production.deployment(change, kind)
+    if files.is_test(path):
+        return []  # test code and test data, in whatever language: they verify, not serve
+    language = files.language(path, _first_line(change))
+    if language is None:
+        return [((-1, -1), whole(change, UNCLASSIFIED, UNREADABLE,
+                                 files.describe_unknown(path)))]
+    if language in (files.DOCS, files.META, files.DEPENDENCIES):
+        return []
+    if language in (files.PYTHON, files.CYTHON):
+        triton = any(TRITON_FILE.search(text) for hunk in change.hunks
+                     for text in (hunk.section, *(line.text for line in hunk.lines)))
+        return analyse_code(change, lex_python, python_contexts_for(triton),
+                            PYTHON_TRITON if triton else PYTHON, python_extra, moves)
+    if language in (files.NATIVE, files.SHADER):
+        device = language == files.SHADER
+        cuda = path.endswith((".cu", ".cuh", ".hip"))
+        return analyse_code(change, lex_c, c_contexts_for(device, cuda), NATIVE, None, moves)
+    if language in files.CONFIG_LANGUAGES:
+        return production.config(change, language)
+    # Shell and build files: fast-math flags, launch commands and the recipes that launch.
+    return production.shell(change)
+
+
+def _without_content(change: FileChange, kind: str | None) -> list[Ordered]:
+    """A rename, a mode change, an empty or deleted empty file: nothing to read but the
+    paths and the modes."""
+    if kind:
+        what = {"renamed": f"renames {kind} (from {change.old_path})",
+                "deleted": f"deletes {kind}", "added": f"adds {kind}"}.get(
+            change.status, f"changes the file mode of {kind}")
+        return [((-1, -1), whole(change, PRODUCTION, DEPLOY, what))]
+    launcher = files.is_launch_script(change.path) and files.language(change.path) in (
+        files.SHELL, files.PYTHON, None)
+    if change.mode_changed and launcher:
+        return [((-1, -1), whole(change, PRODUCTION, LAUNCH,
+                                  f"changes the file mode of a launch script "
+                                  f"({change.old_mode} -> {change.new_mode})"))]
+    return []
+
+
+_K8S_LINE = re.compile(r"^\s*(?:apiVersion:\s*[\w./-]+\s*$|kind:\s*(?:Deployment|StatefulSet|"
+                       r"DaemonSet|ReplicaSet|Pod|Job|CronJob|Service|Ingress|ConfigMap|"
+                       r"HorizontalPodAutoscaler|InferenceService|ServingRuntime|"
+                       r"LeaderWorkerSet|RayService|RayCluster)\s*$)")
+
+
+def _kubernetes_content(change: FileChange) -> str | None:
+    """Kubernetes manifests outside a k8s folder, known by their apiVersion and kind."""
+    if files.language(change.path) != files.CONFIG_YAML or files.is_tooling(change.path):
+        return None
+    for hunk in change.hunks:
+        if any(_K8S_LINE.match(line.text) for line in hunk.lines):
+            return "Kubernetes manifests"
+    return None
+
+
+def _first_line(change: FileChange) -> str:
+    for hunk in change.hunks:
+        for line in hunk.lines:
+            if (line.kind != REMOVED and line.new == 1) or (line.kind == REMOVED and line.old == 1):
+                return line.text
+    return ""

@@ -1,0 +1,317 @@
+"""The analysis of code: Python, C, C++, CUDA and shaders. Signatures on the changed tokens
+of each line, then the rules of its context (a kernel, a reduction, a critical section).
+
+Contract: ``analyse_code(change, lexer, contexts, signatures, extra, moves)`` returns the
+findings of one file of code, each with its order key, at most one per rule and line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from functools import lru_cache
+from pathlib import PurePosixPath
+
+from reviews.risk import files
+from reviews.risk.context import Context, c_contexts, python_contexts
+from reviews.risk.diff import ADDED, CONTEXT, REMOVED, DiffLine, FileChange
+from reviews.risk.lexers import Lexed, lex_python
+from reviews.risk.lines import Changed, Contexts, Ordered, changed_lines, finding, overlaps
+from reviews.risk.signatures import (
+    ACCUMULATION,
+    C_CONCURRENCY,
+    C_SIGNATURES,
+    CONCURRENCY,
+    ENTRYPOINT,
+    FAST_MATH_FLAGS,
+    KERNEL,
+    LAUNCH,
+    LOCKS,
+    NUMERICS,
+    PRECISION,
+    PRECISION_SWITCHES,
+    PYTHON_CONCURRENCY,
+    PYTHON_SERVING,
+    PYTHON_SIGNATURES,
+    PYTHON_THREAD_WORDS,
+    SERVING_ENV_NAME,
+    STRONG_FLAG,
+    THREADS,
+    TRITON_LAUNCH,
+    Signature,
+    SignatureSet,
+)
+
+_RAW_SIGNATURES = (FAST_MATH_FLAGS, PRECISION_SWITCHES)
+PYTHON = SignatureSet((*PYTHON_SIGNATURES, *PYTHON_CONCURRENCY, PYTHON_THREAD_WORDS,
+                        PYTHON_SERVING, *_RAW_SIGNATURES))
+PYTHON_TRITON = SignatureSet((*PYTHON_SIGNATURES, *TRITON_LAUNCH, *PYTHON_CONCURRENCY,
+                               PYTHON_SERVING, *_RAW_SIGNATURES))
+NATIVE = SignatureSet((*C_SIGNATURES, *C_CONCURRENCY, *_RAW_SIGNATURES))
+RAW = SignatureSet(_RAW_SIGNATURES)
+_STRONG_FLAG = re.compile(STRONG_FLAG)
+_ENTRYPOINT = re.compile(ENTRYPOINT)
+_SERVING_ENV_NAME = re.compile(SERVING_ENV_NAME)
+_DTYPE_LITERAL = re.compile(
+    r"(?i)(?:float16|bfloat16|fp16|bf16|half|f16|float8\w*|fp8\w*|e4m3\w*|e5m2\w*|int8|int4|"
+    r"uint8|fp4|nvfp4|mxfp4|mxfp8|w8a8|w4a16|awq|gptq|marlin|tf32|tf32x3|ieee|float32|fp32|"
+    r"float64|fp64)")
+_LOGGING = re.compile(r"\b(?:log|logger|logging|warn|warnings|print|raise|\w*Error|\w*Exception)"
+                      r"\b|\.(?:info|debug|warning|error|exception|critical)\(")
+_PRAGMA_UNROLL = re.compile(r"^\s*#\s*pragma\s+unroll\b|^\s*_Pragma\(\s*\"unroll")
+# The diff shows the file is kernel code: Triton or TileLang calls, autotuning, warps.
+TRITON_FILE = re.compile(r"\btl\.\w|\btriton\b|\btilelang\b|\bT\.Kernel\b|autotune|"
+                          r"\bnum_warps\b|\bconstexpr\b")
+_CALL_OR_ASSIGN = re.compile(r"\w*\s*(?:\(|(?::[^=\n]*)?=(?!=))")
+
+
+class MoveIndex:
+    """The changed lines of a whole diff, by their text without layout: lines removed from
+    one file and added to another of the same language (or the reverse) were moved, not
+    changed. Tests and docs are no destination (code moved from the library into a test is
+    code the library lost)."""
+
+    def __init__(self, changes: Sequence[FileChange]) -> None:
+        self._paths: dict[tuple[str, str], set[str]] = {}
+        for change in changes:
+            if files.is_test(change.path) or files.is_docs(change.path):
+                continue
+            for hunk in change.hunks:
+                for line in hunk.lines:
+                    norm = _norm(line.text)
+                    if line.kind != CONTEXT and norm:
+                        self._paths.setdefault((line.kind, norm), set()).add(change.path)
+
+    def elsewhere(self, path: str, line: DiffLine) -> set[str]:
+        """The other files of the diff, in the same language, that have ``line``'s text on the
+        opposite side."""
+        other = ADDED if line.kind == REMOVED else REMOVED
+        paths = self._paths.get((other, _norm(line.text)))
+        if not paths:
+            return set()
+        suffix = _suffix(path)
+        return {p for p in paths if p != path and _suffix(p) == suffix}
+
+    def relocated(self, path: str, changed: Sequence[Changed]) -> set[tuple[int, int]]:
+        """The lines of ``changed`` moved with a neighbour (blank lines aside) to one other
+        file: a block of two lines or more, not one common line (`with self._lock:` here
+        and there)."""
+        out: set[tuple[int, int]] = set()
+        for item in changed:
+            here = self.elsewhere(path, item.line)
+            if not here:
+                continue
+            lines = item.hunk.lines
+            for step in (-1, 1):
+                k = item.order[1] + step
+                while 0 <= k < len(lines) and lines[k].kind == item.line.kind and (
+                        not lines[k].text.strip()):
+                    k += step
+                if 0 <= k < len(lines) and lines[k].kind == item.line.kind and (
+                        here & self.elsewhere(path, lines[k])):
+                    out.add(item.order)
+                    break
+        return out
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split())
+
+
+@lru_cache(maxsize=4096)
+def _suffix(path: str) -> str:
+    return PurePosixPath(path).suffix
+
+
+def python_contexts_for(triton_file: bool) -> Contexts:
+    """The Python context reader for one file (``triton_file``: the diff shows Triton)."""
+    def contexts(texts: Sequence[str], lexed: Sequence[Lexed], section: str) -> list[Context]:
+        return python_contexts(texts, lexed, section, triton_file=triton_file)
+    return contexts
+
+
+def c_contexts_for(device_file: bool, cuda_file: bool) -> Contexts:
+    """The C/C++/CUDA context reader for one file (a shader language; a .cu/.cuh file)."""
+    def contexts(texts: Sequence[str], lexed: Sequence[Lexed], section: str) -> list[Context]:
+        return c_contexts(texts, lexed, section, device_file=device_file, cuda_file=cuda_file)
+    return contexts
+
+
+Extra = Callable[[Changed], Iterable[tuple[Signature, str]]]
+Hits = dict[str, tuple[Signature, str]]  # rule -> (signature, the text it matched)
+
+
+def analyse_code(change: FileChange, lexer: Callable[[Sequence[str]], list[Lexed]],
+                 contexts: Contexts | None, signatures: SignatureSet | None,
+                 extra: Extra | None, moves: MoveIndex | None = None) -> list[Ordered]:
+    """The findings of one file of code (see the module docstring); ``signatures`` None: a
+    build file, read for fast-math flags and precision switches only."""
+    changed = changed_lines(change, lexer, contexts, signatures)
+    moved = _moved(changed)
+    # Code moved here from another file of the diff (a module split) changes nothing.
+    relocated = moves.relocated(change.path, changed) if moves is not None else set()
+    wanted = [item for item in changed if item.order not in relocated and not item.is_import]
+    # A line moved within the file is searched for flags and switches only (see _moved).
+    searched = [item for item in wanted if signatures is not None and item.order not in moved]
+    plain = [item for item in wanted if signatures is None or item.order in moved]
+    found: dict[tuple[int, int], Hits] = {}
+    for items, signature_set in ((searched, signatures), (plain, RAW)):
+        if signature_set is not None and items:
+            hits_of = signature_set.first_matches(
+                [(item.lexed.code, item.lexed.raw, item.change.spans) for item in items],
+                _extend)
+            found.update((item.order, hits) for item, hits in zip(items, hits_of, strict=True))
+    per_line: list[tuple[Changed, Hits]] = []
+    for item in wanted:
+        hits = found[item.order]
+        if item.context.kernel:
+            hits.pop(THREADS, None)  # a kernel's "threads" are GPU lanes, not host threads
+        if extra is not None:
+            for signature, text in extra(item):
+                hits.setdefault(signature.rule, (signature, text))
+        _drop_weak(hits)
+        per_line.append((item, hits))
+    # A statement replaced by an atomic or a barrier is explained by its replacement: the
+    # lines of a run that has a concurrency finding get no kernel or reduction context.
+    runs = _runs(change)
+    explained = {runs[item.order] for item, hits in per_line
+                 if any(sig.category == CONCURRENCY for sig, _ in hits.values())}
+    out: list[Ordered] = []
+    for item, hits in per_line:
+        _add_context_rules(item, hits, lexer is lex_python,
+                           numerics=runs[item.order] not in explained)
+        out.extend((item.order, finding(change, item, signature, text))
+                   for signature, text in hits.values())
+    return out
+
+
+def _runs(change: FileChange) -> dict[tuple[int, int], tuple[int, int]]:
+    """For each changed line, where its run of changed lines (no context between) starts."""
+    out: dict[tuple[int, int], tuple[int, int]] = {}
+    for h, hunk in enumerate(change.hunks):
+        start = 0
+        for i, line in enumerate(hunk.lines):
+            if line.kind == CONTEXT:
+                start = i + 1
+            else:
+                out[(h, i)] = (h, start)
+    return out
+
+
+def python_extra(item: Changed) -> Iterable[tuple[Signature, str]]:
+    """Findings from string literals: a dtype or precision named in a string ("bfloat16",
+    "tf32x3"), a serving launch flag in a command list. Log messages do not count."""
+    if not item.lexed.strings or _LOGGING.search(item.lexed.code):
+        return
+    for start, end in item.lexed.strings:
+        value = item.lexed.raw[start:end].lstrip("rRbBuUfF").strip("\"'")
+        # A launch command's flag names the line: ["--tp", "4"] -> ["--tp", "8"] changes it.
+        if _STRONG_FLAG.search(value) or _ENTRYPOINT.search(value):
+            yield _LITERAL_LAUNCH, value
+        if not overlaps(item.change.spans, start, end):
+            continue
+        if _DTYPE_LITERAL.fullmatch(value):
+            yield _LITERAL_PRECISION, value
+        elif _SERVING_ENV_NAME.fullmatch(value):
+            yield _LITERAL_ENV, value
+
+
+_LITERAL_PRECISION = Signature(PRECISION, "", "names a numeric type or precision mode ({m}): "
+                                              "a different precision")
+
+
+_LITERAL_LAUNCH = Signature(LAUNCH, "", "changes a serving launch command or flag ({m})")
+
+
+_LITERAL_ENV = Signature(LAUNCH, "", "sets a serving environment variable ({m}): how the "
+                                     "engine or its collectives run")
+
+
+def _drop_weak(hits: Hits) -> None:
+    """A weak signature (an accumulator's name, a small constant) goes when another class
+    explains the line: `atomicAdd(&sum, x)` is an atomic, `time.sleep(1e-3)` a wait."""
+    categories = {sig.category for sig, _ in hits.values() if not sig.weak}
+    for rule, (sig, _) in list(hits.items()):
+        if sig.weak and categories - {sig.category}:
+            del hits[rule]
+    if CONCURRENCY in categories:
+        hits.pop(ACCUMULATION, None)
+
+
+def _add_context_rules(item: Changed, hits: Hits,
+                       python: bool, *, numerics: bool = True) -> None:
+    if not item.change.code or not item.lexed.has_code:
+        return  # a comment, a docstring, a log message's text: no behaviour changed
+    if _PRAGMA_UNROLL.match(item.lexed.code) or item.context.header:
+        return  # a compiler hint; a signature (its parameters' changes show in the body)
+    categories = {sig.category for sig, _ in hits.values()}
+    context = item.context
+    name = f"`{context.function}`" if context.function else "the function"
+    if numerics and NUMERICS not in categories and CONCURRENCY not in categories:
+        if context.kernel:
+            kind = "Triton kernel" if python else "GPU kernel"
+            hits[KERNEL] = (Signature(KERNEL, "", f"changes code inside the {kind} {name}: "
+                                      "its arithmetic, indexing or order of operations"), "")
+        elif context.reduction:
+            hits[ACCUMULATION] = (Signature(
+                ACCUMULATION, "", f"changes code inside {name}, a reduction, norm, softmax or "
+                                  "quantisation: its rounding and overflow behaviour"), "")
+    if context.lock and LOCKS not in hits:
+        hits[LOCKS] = (Signature(LOCKS, "", f"changes what runs while `{context.lock}` is held: "
+                                            "the critical section"), "")
+
+
+def _moved(changed: Sequence[Changed]) -> set[tuple[int, int]]:
+    """Lines removed from one function and added, token for token, to another: code moved
+    into a helper does not change what it does. A line moved within one function (a cast
+    moved after an operation) or within kernels is a change."""
+    by_side: dict[str, dict[str, set[str]]] = {ADDED: {}, REMOVED: {}}
+    if len({item.line.kind for item in changed}) < 2:
+        return set()  # only additions, or only deletions: nothing moved
+    for item in changed:
+        if item.change.norm.count(" ") >= 2:
+            by_side[item.line.kind].setdefault(item.change.norm, set()).add(
+                item.context.function)
+    out: set[tuple[int, int]] = set()
+    for item in changed:
+        other = by_side[REMOVED if item.line.kind == ADDED else ADDED].get(item.change.norm)
+        if other and item.context.function not in other and not item.context.kernel:
+            out.add(item.order)
+    return out
+
+
+def _extend(code: str, start: int, end: int) -> tuple[int, int]:
+    """A name that is assigned or called covers its value or its arguments: `RELEASE_GIL =
+    True` changes the GIL setting when only `True` changed."""
+    if end and code[end - 1] == "(":  # the signature took the call's parenthesis
+        opened = end
+    else:
+        match = _CALL_OR_ASSIGN.match(code, end)
+        if match is None:
+            return start, end
+        opened = match.end() if match.group().endswith("(") else -1
+        if opened < 0:
+            return start, _value_end(code, match.end())
+    depth, i = 1, opened
+    while i < len(code) and depth:
+        depth += {"(": 1, ")": -1}.get(code[i], 0)
+        i += 1
+    return start, i
+
+
+def _value_end(code: str, i: int) -> int:
+    """Where the value of an assignment or keyword starting at ``i`` ends: a ',', ';' or an
+    unmatched closing bracket."""
+    depth = 0
+    while i < len(code):
+        ch = code[i]
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        elif ch in ",;" and depth == 0:
+            break
+        i += 1
+    return i

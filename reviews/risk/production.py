@@ -1,0 +1,159 @@
+"""The production analysis: deployment files, launch scripts and build recipes, serving
+configuration. A deployment file is production on every changed line; elsewhere the line
+must name a serving setting, a launch flag or an entrypoint.
+
+Contract: ``deployment(change, kind)``, ``shell(change)`` and ``config(change, language)``
+return the findings of one file, each with its order key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from reviews.risk import files
+from reviews.risk.code import RAW
+from reviews.risk.config import key_paths, normal_key
+from reviews.risk.diff import ADDED, REMOVED, FileChange
+from reviews.risk.lexers import Lexed, lex_hash, lex_json
+from reviews.risk.lines import Ordered, changed_lines, finding, overlaps
+from reviews.risk.signatures import (
+    DEPLOY,
+    ENTRYPOINT,
+    LAUNCH,
+    NUMERIC_KEY,
+    PRECISION,
+    SERVING,
+    SERVING_ENV,
+    SERVING_KEY,
+    STRONG_FLAG,
+    Signature,
+)
+
+_STRONG_FLAG = re.compile(STRONG_FLAG)
+_ENTRYPOINT = re.compile(ENTRYPOINT)
+_SERVING_ENV = re.compile(SERVING_ENV)
+_INSTALL = re.compile(r"\b(?:pip3?|uv\s+pip|conda|mamba|apt-get|apt|yum|dnf|brew)\s+install\b")
+_ANY_FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*|(?<![\w-])[A-Za-z_]\w*=")
+
+
+def deployment(change: FileChange, kind: str) -> list[Ordered]:
+    """Every changed line of a deployment file that is not a comment or blank: ``kind``
+    names the artefact (a Dockerfile, a CI workflow, ...). Fast-math flags and precision
+    switches there are numerics as well."""
+    out: list[Ordered] = []
+    for item in changed_lines(change, lex_hash, None, None):
+        if not item.lexed.raw.strip():
+            continue
+        reason = f"changes {kind}"
+        out.append((item.order, finding(change, item, Signature(DEPLOY, "", reason), "")))
+        for signature, start, end, text in RAW.matches(item.lexed.raw):
+            if overlaps(item.change.spans, start, end):
+                out.append((item.order, finding(change, item, signature, text)))
+                break
+    return out
+
+
+def shell(change: FileChange) -> list[Ordered]:
+    """Shell scripts and build files: launch commands, serving flags and environment
+    variables, every code line of a script named as a launcher; fast-math flags."""
+    launch_script = files.is_launch_script(change.path) or files.is_serving_path(change.path)
+    out: list[Ordered] = []
+    entrypoints: dict[int, str] = {}
+    for h, hunk in enumerate(change.hunks):
+        for line in hunk.lines:
+            found = _entrypoint(line.text)
+            if found:
+                entrypoints.setdefault(h, found)
+    for item in changed_lines(change, lex_hash, None, None):
+        raw = item.lexed.raw
+        if not raw.strip():
+            continue
+        reason = _launch_reason(raw, launch_script, entrypoints.get(item.order[0]))
+        if reason:
+            signature = Signature(LAUNCH, "", reason)
+            out.append((item.order, finding(change, item, signature, "")))
+        for signature, start, end, text in RAW.matches(raw):
+            if overlaps(item.change.spans, start, end):
+                out.append((item.order, finding(change, item, signature, text)))
+                break
+    return out
+
+
+def _entrypoint(text: str) -> str:
+    if _INSTALL.search(text):
+        return ""
+    match = _ENTRYPOINT.search(text)
+    return " ".join(match.group().split()) if match else ""
+
+
+def _launch_reason(raw: str, launch_script: bool, entrypoint: str | None) -> str:
+    """Why a changed script line is production, "" if it is not: it runs an entrypoint, sets
+    a serving flag or variable, is a flag of a launch command the hunk shows, or belongs to
+    a launch script."""
+    own = _entrypoint(raw)
+    if own:
+        return f"changes how the service is launched or deployed ({own})"
+    strong = _STRONG_FLAG.search(raw)
+    if strong:
+        return f"changes a serving launch flag ({strong.group().strip()}): parallelism, batch " \
+               "and memory limits of production"
+    env = _SERVING_ENV.search(raw)
+    if env:
+        return f"changes a serving environment variable ({env.group().rstrip('= ')})"
+    if entrypoint and _ANY_FLAG.search(raw):
+        return f"changes a flag of the {entrypoint} launch command"
+    if launch_script:
+        return "changes a launch script: how production starts the service"
+    return ""
+
+
+def config(change: FileChange, language: str) -> list[Ordered]:
+    """Configuration files: serving keys (or every key of a file whose path says it
+    configures serving, and of .env files), precision keys, launch flags in values. Tooling
+    configuration has no serving keys."""
+    lexer = {files.CONFIG_JSON: lex_json, files.CONFIG_INI: _lex_ini}.get(language, lex_hash)
+    serving_file = files.is_serving_path(change.path) or language == files.CONFIG_ENV
+    tooling = files.is_tooling(change.path)
+    paths: dict[tuple[int, int], tuple[str, ...]] = {}
+    for h, hunk in enumerate(change.hunks):
+        for side_kind in (REMOVED, ADDED):
+            indices = [i for i, line in enumerate(hunk.lines)
+                       if line.kind != (ADDED if side_kind == REMOVED else REMOVED)]
+            side_paths = key_paths([hunk.lines[i].text for i in indices], language, hunk.section)
+            for position, i in enumerate(indices):
+                if hunk.lines[i].kind == side_kind or (
+                        side_kind == ADDED and hunk.lines[i].kind != REMOVED):
+                    paths[(h, i)] = side_paths[position]
+    out: list[Ordered] = []
+    for item in changed_lines(change, lexer, None, None):
+        raw = item.lexed.raw
+        if not raw.strip():
+            continue
+        for signature, start, end, text in RAW.matches(raw):
+            if overlaps(item.change.spans, start, end):
+                out.append((item.order, finding(change, item, signature, text)))
+                break
+        if tooling:
+            continue
+        keys = paths.get(item.order, ())
+        own = normal_key(keys[-1]) if keys else ""
+        shown = ".".join(keys) if keys else raw.strip()[:40]
+        if own and NUMERIC_KEY.fullmatch(own):
+            signature = Signature(PRECISION, "", f"changes a precision setting ({shown})")
+            out.append((item.order, finding(change, item, signature, "")))
+        reason = ""
+        if _STRONG_FLAG.search(raw) or _entrypoint(raw):
+            reason = f"changes a serving launch command or flag ({shown})"
+        elif serving_file or (own and SERVING_KEY.fullmatch(own)) or any(
+                files.is_serving_path(key) for key in keys[:-1]):
+            kind = "deployment environment" if language == files.CONFIG_ENV else (
+                "serving configuration")
+            reason = f"changes the {kind} ({shown})"
+        if reason:
+            out.append((item.order, finding(change, item, Signature(SERVING, "", reason), "")))
+    return out
+
+
+def _lex_ini(lines: Sequence[str]) -> list[Lexed]:
+    return lex_hash(lines, semicolons=True)
