@@ -26,6 +26,7 @@ class SequencedLogConsumer(AsyncWebsocketConsumer):
 
     object_id: int
     last_sent: int
+    client_ready: bool  # the client sent {"after": n}: only then do notifications send rows
 
     def group(self) -> str:
         raise NotImplementedError
@@ -40,6 +41,7 @@ class SequencedLogConsumer(AsyncWebsocketConsumer):
     async def connect(self) -> None:
         self.object_id = int(self.scope["url_route"]["kwargs"]["pk"])
         self.last_sent = 0
+        self.client_ready = False
         user = self.scope.get("user")
         allowed = await database_sync_to_async(
             lambda: bool(user and user.is_authenticated and user_roles(user)
@@ -63,10 +65,14 @@ class SequencedLogConsumer(AsyncWebsocketConsumer):
         if not isinstance(after, int) or isinstance(after, bool):
             return
         self.last_sent = max(after, 0)
+        self.client_ready = True
         await self._send_new()
 
     async def notify_new(self, event: dict[str, Any]) -> None:
-        if int(event.get("upto", 0)) > self.last_sent:
+        # Not before the client said where it is: sending from 0 and then from its own number
+        # would give it every row in between twice (seen on a run page that connected while
+        # events arrived).
+        if self.client_ready and int(event.get("upto", 0)) > self.last_sent:
             await self._send_new()
 
     async def _send_new(self) -> None:

@@ -30,7 +30,7 @@ class DecisionForm(forms.Form):
     decision = forms.ChoiceField(choices=ReviewDecision.Decision.choices)
     comment = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
                               max_length=MAX_COMMENT,
-                              label="Comment (it goes back to the agent)")
+                              label="Comment (goes back to the agent)")
     diff_sha256 = forms.RegexField(regex=SHA256, widget=forms.HiddenInput)
 
 

@@ -163,6 +163,32 @@ def test_a_new_event_sends_only_its_row_to_a_socket_that_is_up_to_date(
     assert nothing_more  # the notification does not send the row a second time
 
 
+def test_a_notification_before_the_client_says_where_it_is_sends_nothing_twice(
+    run: AgentRun, viewer: User
+) -> None:
+    """The page has rows 1-3 when its socket opens; an event lands before the page's
+    {"after": 3}: the page must get row 4 once, not 1-4 and then 4 again."""
+    append = sync_to_async(run_event)
+
+    async def scenario() -> list[str]:
+        communicator = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/",
+                                             headers=session_headers(viewer))
+        assert (await communicator.connect(timeout=TIMEOUT))[0]
+        await append(run_id=run.pk, kind="step", message="Step 2: batch_size 8.")
+        early = await communicator.receive_nothing(timeout=0.5)
+        await communicator.send_json_to({"after": 3})
+        received = [str(await communicator.receive_from(timeout=TIMEOUT))]
+        while not await communicator.receive_nothing(timeout=0.5):
+            received.append(str(await communicator.receive_from(timeout=TIMEOUT)))
+        await communicator.disconnect()
+        assert early, "rows were sent before the client said where it is"
+        return received
+
+    received = run_async(scenario)
+
+    assert [seqs(html) for html in received] == [[4]]
+
+
 def test_after_n_sends_only_the_rows_after_n(run: AgentRun, viewer: User) -> None:
     async def scenario() -> str:
         communicator = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -420,7 +421,10 @@ def test_the_nav_counts_every_waiting_change_for_anyone_else(
 # --- the live count --------------------------------------------------------------------
 
 def run_async(scenario: Callable[[], Awaitable[Any]]) -> Any:
-    return async_to_sync(scenario)()
+    """Run the scenario on a thread of its own: a browser test earlier in the session leaves
+    Playwright's event loop running in the main thread, where async_to_sync refuses to run."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(async_to_sync(scenario)).result(timeout=120)
 
 
 def session_headers(user: User | None) -> list[tuple[bytes, bytes]]:
