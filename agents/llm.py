@@ -1,6 +1,6 @@
 """The LLM boundary: one Chat Completions turn with tools against any OpenAI-compatible endpoint.
 
-This is the only module that imports ``openai`` (STYLE.md rule 4). It imports no Django: the
+This is the only module that imports ``openai`` (docs/style.md rule 4). It imports no Django: the
 caller builds an :class:`LLMConfig` from settings (or a goal's override) and passes it in.
 
 Contracts:
@@ -21,6 +21,7 @@ Contracts:
   429, Retry-After longer or absent       :class:`LLMRetryLater` (Retry-After, or 30 s)
   429 with no retries left                :class:`LLMRetryLater` with the server's wait
   5xx, connection error, timeout          backoff 0.5 s, 1 s, 2 s ... then :class:`LLMError`
+                                          with ``transient`` (the caller retries for longer)
   5xx with Retry-After > max_inline_wait  :class:`LLMRetryLater` (e.g. 503 for maintenance)
   other 4xx                               :class:`LLMError` at once
   200 that is not a chat completion       :class:`LLMMalformed` (not retried)
@@ -35,6 +36,7 @@ Contracts:
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import json
 import math
@@ -179,11 +181,16 @@ class LLMReply:
 
 class LLMError(Exception):
     """The turn failed; the message is one redacted sentence naming the endpoint, the status
-    (``status_code``, None when no HTTP answer came) and the start of the body."""
+    (``status_code``, None when no HTTP answer came) and the start of the body.
 
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+    ``transient``: a later try may succeed (5xx, timeouts, refused or cut connections, a 200
+    that is not a chat completion); False for what no retry fixes (401, 403, 404, 400 ...)."""
+
+    def __init__(self, message: str, *, status_code: int | None = None,
+                 transient: bool = False) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.transient = transient
 
 
 class LLMRetryLater(LLMError):
@@ -191,24 +198,42 @@ class LLMRetryLater(LLMError):
     ``retry_after`` seconds instead."""
 
     def __init__(self, message: str, *, retry_after: float, status_code: int | None = 429) -> None:
-        super().__init__(message, status_code=status_code)
+        super().__init__(message, status_code=status_code, transient=True)
         self.retry_after = retry_after
 
 
 class LLMMalformed(LLMError):
-    """The endpoint answered 200 with something that is not a chat completion."""
+    """The endpoint answered 200 with something that is not a chat completion (a proxy's
+    error page, a half-written body): transient, since the next answer may be whole."""
+
+    def __init__(self, message: str, *, status_code: int | None = 200) -> None:
+        super().__init__(message, status_code=status_code, transient=True)
 
 
 # --- redaction ---------------------------------------------------------------------------
 
 
 def _secret_forms(secret: str) -> set[str]:
-    """The secret as written, as it appears inside JSON text (a tool call's arguments) and as
-    it appears percent-encoded in a URL (a DATABASE_URL password)."""
+    """The secret as written, as it appears inside JSON text (a tool call's arguments), as
+    it appears percent-encoded in a URL (a DATABASE_URL password) and base64-encoded."""
     forms = {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
     forms.add(urllib.parse.quote(secret, safe=""))
     forms.add(urllib.parse.quote_plus(secret, safe=""))
+    forms |= _base64_forms(secret.encode())
     return {form for form in forms if len(form) >= MIN_SECRET_LENGTH}
+
+
+def _base64_forms(secret: bytes) -> set[str]:
+    """What any base64 text holding ``secret`` contains, wherever the secret starts: base64
+    encodes 3 bytes as 4 characters, so for each of the 3 alignments the whole groups of the
+    secret's bytes encode the same way (standard and URL-safe alphabets). At most 2 bytes at
+    each end stay unredacted."""
+    forms = set()
+    for skip in range(3):
+        body = secret[skip:]
+        body = body[: len(body) - len(body) % 3]
+        forms |= {base64.b64encode(body).decode(), base64.urlsafe_b64encode(body).decode()}
+    return forms
 
 
 def _redactor(secrets: Sequence[str]) -> Callable[[str], str]:
@@ -269,10 +294,12 @@ def chat(
     tools: list[dict[str, Any]],
     *,
     secrets: Sequence[str] = (),
+    on_wait: Callable[[float, int, str], None] | None = None,
 ) -> LLMReply:
     """One Chat Completions turn (``tool_choice="auto"``; with no tools, neither ``tools`` nor
     ``tool_choice`` is sent, since endpoints reject an empty list). Redacts ``secrets`` and
-    ``config.api_key`` from everything sent. Retries and raises as the module docstring says.
+    ``config.api_key`` from everything sent. Retries and raises as the module docstring says;
+    ``on_wait(seconds, attempt, reason)`` is told of each wait before it is slept.
     """
     hidden = (*secrets, config.api_key)
     apply = _redactor(hidden)
@@ -301,25 +328,28 @@ def chat(
                 body = raw.content  # read inside the try: a body cut short is a connection error
             except openai.APIStatusError as err:
                 wait = _wait_after_status(err, config, apply, attempt=attempt, final=final)
+                reason = f"the endpoint answered {err.status_code}"
             except openai.APITimeoutError as err:
                 if final:
                     raise LLMError(
                         f"LLM endpoint {config.endpoint} did not answer within "
-                        f"{config.timeout:g} s ({attempt + 1} attempts)"
+                        f"{config.timeout:g} s ({attempt + 1} attempts)", transient=True
                     ) from err
-                wait = _backoff(attempt)
+                wait, reason = _backoff(attempt), f"no answer within {config.timeout:g} s"
             except openai.APIConnectionError as err:
+                cause = apply(str(err.__cause__ or err))[:_BODY_EXCERPT]
                 if final:
-                    cause = apply(str(err.__cause__ or err))[:_BODY_EXCERPT]
                     raise LLMError(
                         f"LLM endpoint {config.endpoint} could not be reached "
-                        f"({attempt + 1} attempts): {cause}"
+                        f"({attempt + 1} attempts): {cause}", transient=True
                     ) from err
-                wait = _backoff(attempt)
+                wait, reason = _backoff(attempt), f"could not connect: {cause}"
             except openai.OpenAIError as err:
                 raise LLMError(f"LLM call to {config.endpoint} failed: {apply(str(err))}") from err
             else:
                 return _reply_from_body(body, config, apply)
+            if on_wait is not None:
+                on_wait(wait, attempt + 1, reason)
             time.sleep(wait)
             attempt += 1
 
@@ -358,7 +388,8 @@ def _wait_after_status(
                 status_code=status,
             )
         if final:
-            raise LLMError(f"{said} after {attempt + 1} attempts: {excerpt}", status_code=status)
+            raise LLMError(f"{said} after {attempt + 1} attempts: {excerpt}", status_code=status,
+                           transient=True)
         return max(_backoff(attempt), retry_after or 0.0)
     raise LLMError(f"{said}: {excerpt}", status_code=status)
 

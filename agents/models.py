@@ -19,7 +19,8 @@ class AgentRun(models.Model):
         RUNNING = "running"
         PAUSED = "paused"
         SUCCEEDED = "succeeded"
-        FAILED = "failed"
+        FINISHED = "finished"  # ended as planned with nothing to submit (nothing beat the base)
+        FAILED = "failed"  # what no retry can fix
         CANCELLED = "cancelled"
 
     goal_version = models.ForeignKey(GoalVersion, on_delete=models.PROTECT, related_name="runs")
@@ -38,6 +39,16 @@ class AgentRun(models.Model):
     state = models.JSONField(default=dict, blank=True, help_text="The policy's own state.")
     stop_reason = models.TextField(blank=True)
     malformed_in_row = models.PositiveIntegerField(default=0)
+    waiting_for = models.ForeignKey(
+        Experiment, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        help_text="The experiment the run waits for; its end wakes the run.")
+    provider_failing_since = models.DateTimeField(
+        null=True, blank=True,
+        help_text="When the model endpoint began failing (5xx, timeouts, refused connections); "
+                  "cleared by the next answer.")
+    progress_floor = models.PositiveIntegerField(
+        default=0, help_text="The 'no progress' check reads only experiments after this id "
+                             "(set on Resume: a fresh allowance).")
     branch = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -54,7 +65,8 @@ class AgentRun(models.Model):
 
     @property
     def is_finished(self) -> bool:
-        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED, self.Status.CANCELLED)
+        return self.status in (self.Status.SUCCEEDED, self.Status.FINISHED, self.Status.FAILED,
+                               self.Status.CANCELLED)
 
     @property
     def budget(self) -> dict[str, object]:
@@ -71,6 +83,14 @@ class Step(models.Model):
     tool = models.CharField(max_length=100, blank=True)
     arguments = models.JSONField(default=dict, blank=True)
     result = models.JSONField(default=dict, blank=True)
+    calls = models.JSONField(
+        default=list, blank=True,
+        help_text="Each tool call of the step: name, arguments, ok, refusal, malformed, content.")
+    verdict = models.CharField(max_length=300, blank=True,
+                               help_text="What came of the step, in one line.")
+    experiment = models.ForeignKey(Experiment, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+",
+                                   help_text="The experiment the step requested or read.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -140,6 +160,7 @@ class RunEvent(models.Model):
         CHANGE = "change"
         REFUSAL = "refusal"
         ERROR = "error"
+        WAIT = "wait"
 
     run = models.ForeignKey(AgentRun, on_delete=models.CASCADE, related_name="events")
     seq = models.PositiveIntegerField()

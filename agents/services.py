@@ -1,49 +1,38 @@
-"""Agent runs: start, one step at a time, pause, resume, cancel.
+"""Agent runs: the lifecycle. Start, one step at a time, pause, resume, cancel, steering,
+recovery. What a step does is the policy's (agents/policies/); what it comes to is a typed
+StepOutcome that _record applies here.
 
-One step per Celery task. A step reads the run under its row lock, acts once, records a
-Step and events, and enqueues the next step after commit unless it now waits for an
-experiment (the experiment_finished receiver wakes it) or the run ended.
+One step per Celery task: run_step locks the run, checks its budgets and progress, lets the
+policy prepare, releases the lock while the policy thinks (a model call: Pause and Cancel
+never wait on it), locks again, lets the policy act, records the Step and its events, then
+ends, pauses, waits for an experiment (the experiment_finished receiver wakes it), retries
+later or enqueues the next step after commit.
 """
 
 from __future__ import annotations
 
-import shutil
-import statistics
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
+from django.db.models import F, Max
 from django.utils import timezone
 
 from agents.events import run_event
-from agents.llm_step import (
-    StepOutcome,
-    llm_apply,
-    llm_call,
-    llm_prepare,
-    no_progress,
-    pinned_manifest,
-    policy_for,
-    run_worktree,
-)
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
-from agents.policies import tuner
+from agents.policies import policy_of
+from agents.policies.outcome import StepOutcome
+from agents.policies.shared import remove_worktree
 from infraops import gitops
-from infraops.analysis import MetricComparison
+from infraops.access import has_target_role, target_roles
 from infraops.errors import DomainError
-from infraops.manifest import Knob, knob_apply, knob_read
 from infraops.models import Experiment, Goal
-from infraops.roles import ENGINEER, REVIEWER, has_role
+from infraops.roles import ENGINEER, REVIEWER
 from infraops.services.audit import audit_record
-from infraops.services.experiments import experiment_request
 from infraops.services.goals import goal_snapshot
 from infraops.services.targets import target_refresh_manifest
-from reviews.diff_policy import check_diff
-from reviews.services import change_submit
-
-AGENT_AUTHOR = ("InfraOps agent", "agent@infraops.localhost")
 
 
 def _enqueue_step(run: AgentRun, countdown: float | None = None) -> None:
@@ -65,8 +54,8 @@ def _pause(run: AgentRun, reason: str) -> None:
 
 def run_start(*, goal: Goal, user: User | AnonymousUser) -> AgentRun:
     """Pin the goal's current version, the manifest and the base commit; queue step one."""
-    if not has_role(user, ENGINEER):
-        raise DomainError("Only an engineer can start a run.")
+    if not has_target_role(user, goal.target_id, ENGINEER):
+        raise DomainError(f"Only an engineer can start a run on {goal.target.name}.")
     if goal.policy == Goal.Policy.LLM and not (
             settings.OPENAI_BASE_URL and (goal.model_name or settings.INFRAOPS_MODEL)):
         raise DomainError("The LLM policy needs OPENAI_BASE_URL and a model (INFRAOPS_MODEL, "
@@ -78,52 +67,96 @@ def run_start(*, goal: Goal, user: User | AnonymousUser) -> AgentRun:
                           + "; ".join(target.manifest_errors))
     if goal.policy == Goal.Policy.TUNER and not manifest.knobs:
         raise DomainError(f"{target.name}'s manifest declares no [[knob]] for the tuner to turn.")
-    with transaction.atomic():
-        version = goal_snapshot(goal=goal, user=user)
-        run = AgentRun.objects.create(
-            goal_version=version, target=target, policy=goal.policy, started_by=user,
-            base_commit=target.manifest_commit, manifest_sha256=target.manifest_sha256,
-        )
-        run_event(run_id=run.pk, kind="status",
-                  message=f"Run started by {user.get_username()} on goal "
-                          f"{goal.name!r} v{version.number}, base {run.base_commit[:10]}.")
-        audit_record(actor=user, action="run.start", obj=run, data={"goal_version": version.pk})
-        _enqueue_step(run)
+    _require_task_queue()
+    run: AgentRun | None = None
+    try:
+        with transaction.atomic():
+            version = goal_snapshot(goal=goal, user=user)
+            run = AgentRun.objects.create(
+                goal_version=version, target=target, policy=goal.policy, started_by=user,
+                base_commit=target.manifest_commit, manifest_sha256=target.manifest_sha256,
+            )
+            run_event(run_id=run.pk, kind="status",
+                      message=f"Run started by {user.get_username()} on goal "
+                              f"{goal.name!r} v{version.number}, base {run.base_commit[:10]}.")
+            audit_record(actor=user, action="run.start", obj=run,
+                         data={"goal_version": version.pk})
+            _enqueue_step(run)
+    except queue_errors():
+        if run is None or run.pk is None or not AgentRun.objects.filter(pk=run.pk).exists():
+            raise
+        # Redis went away between the check and the send, after the commit: the run exists
+        # (and is in the append-only audit log), so it is paused with the reason, not hidden.
+        _pause(run, "the task queue (Redis) was not answering when the run started: "
+                    "resume it once Redis is back")
+        raise DomainError(f"{QUEUE_DOWN} when run {run.pk} was created: it is paused; "
+                          "resume it once Redis is back.") from None
     return run
+
+
+QUEUE_DOWN = "The task queue (Redis) is not answering"
+
+
+def queue_errors() -> tuple[type[BaseException], ...]:
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import RedisError
+
+    return (OperationalError, RedisError, OSError)
+
+
+def _require_task_queue() -> None:
+    """Fail before anything is created when the broker cannot take the first step."""
+    from agents.tasks import agent_step
+
+    try:
+        with agent_step.app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1, interval_start=0, interval_step=1,
+                                         timeout=5)
+    except queue_errors():
+        raise DomainError(f"{QUEUE_DOWN}; nothing was started. Try again once Redis is "
+                          "back.") from None
 
 
 def run_step(*, run_id: int, number: int) -> AgentRun | None:
     """Take step `number` of the run, unless it is not running or that step was taken.
 
-    The tuner's step runs under the run's row lock. The LLM's step reads under the lock,
-    calls the model with the lock released (Pause and Cancel never wait on a slow model), then
-    locks again and keeps the reply only if the run is still at this step and running.
+    A thought that arrives after the run was paused, cancelled or stepped meanwhile is not
+    acted on, but what it cost (a model's tokens) still counts against the budget.
     """
     with transaction.atomic():
         run = _locked_for_step(run_id, number)
         if run is None or run.is_finished or run.status == AgentRun.Status.PAUSED:
             return run
-        if run.policy != Goal.Policy.LLM:
-            try:
-                summary, tool, arguments, result = _tuner_step(run)
-            except (DomainError, gitops.GitError) as exc:
-                _finish(run, AgentRun.Status.FAILED, str(exc))
-                return run
-            _record_step(run, StepOutcome(summary, tool, arguments, result))
-            return run
-        prepared = llm_prepare(run)
-    reply = llm_call(prepared)
-    with transaction.atomic():
-        run = _locked_for_step(run_id, number, checks=False)
-        if run is None or run.status != AgentRun.Status.RUNNING:
-            return run  # paused, cancelled or taken meanwhile: the reply is not kept
+        policy = policy_of(run.policy)
         try:
-            outcome = llm_apply(run, prepared, reply)
+            prepared = policy.prepare(run)
         except (DomainError, gitops.GitError) as exc:
             _finish(run, AgentRun.Status.FAILED, str(exc))
             return run
-        _record_step(run, outcome)
+    thought = policy.think(prepared)
+    with transaction.atomic():
+        run = _locked_for_step(run_id, number, checks=False)
+        if run is None or run.status != AgentRun.Status.RUNNING:
+            _count_dropped(run_id, policy.spent(thought))
+            return run
+        try:
+            outcome = policy.act(run, prepared, thought)
+        except (DomainError, gitops.GitError) as exc:
+            _finish(run, AgentRun.Status.FAILED, str(exc))
+            return run
+        _record(run, outcome)
     return run
+
+
+def _count_dropped(run_id: int, cost: tuple[int, Any]) -> None:
+    tokens, usd = cost
+    if not tokens and not usd:
+        return
+    AgentRun.objects.filter(pk=run_id).update(tokens_used=F("tokens_used") + tokens,
+                                              cost_usd=F("cost_usd") + usd)
+    run_event(run_id=run_id, kind="status",
+              message=f"The model's reply arrived after the run was paused or stopped: it was "
+                      f"not acted on, and its {tokens} tokens count against the budget.")
 
 
 def _locked_for_step(run_id: int, number: int, *, checks: bool = True) -> AgentRun | None:
@@ -133,7 +166,7 @@ def _locked_for_step(run_id: int, number: int, *, checks: bool = True) -> AgentR
            .filter(pk=run_id).first())
     if run is None or run.status != AgentRun.Status.RUNNING or run.step_count != number:
         return None
-    if run.state.get("waiting_for") is not None:
+    if run.waiting_for_id is not None:
         return None
     if not checks:
         return run
@@ -142,35 +175,52 @@ def _locked_for_step(run_id: int, number: int, *, checks: bool = True) -> AgentR
         _finish(run, AgentRun.Status.SUCCEEDED if run.changes.exists()
                 else AgentRun.Status.FAILED, stop)
         return run
-    stuck = no_progress(run) if run.policy == Goal.Policy.LLM else ""
+    stuck = policy_of(run.policy).stuck(run)
     if stuck:
         _pause(run, stuck)
     return run
 
 
-def _record_step(run: AgentRun, outcome: StepOutcome) -> None:
-    """Keep one step's outcome: the Step row, its event, then end, pause, wait or go on."""
-    if outcome.retry_after is not None:
-        # The model asked us to wait: the step is taken again later, nothing counted.
-        run.save(update_fields=["state"])
-        _enqueue_step(run, countdown=outcome.retry_after)
-        run_event(run_id=run.pk, kind="status", message=outcome.summary)
+_FIELDS = ["step_count", "state", "experiment_count", "tokens_used", "cost_usd",
+           "malformed_in_row", "branch", "waiting_for", "provider_failing_since"]
+
+
+def _record(run: AgentRun, outcome: StepOutcome) -> None:
+    """Apply one step's outcome: a retry re-schedules the step with nothing recorded, an
+    outcome that does not count only ends or pauses the run; otherwise the Step row and its
+    event, then end, pause, wait or go on."""
+    if outcome.retry is not None:
+        run.save(update_fields=_FIELDS)
+        wait = outcome.retry
+        run_event(run_id=run.pk, kind="wait", message=outcome.summary,
+                  data={"retry_in": wait.seconds, "attempt": wait.attempt,
+                        "reason": wait.reason[:500]})
+        _enqueue_step(run, countdown=wait.seconds)
+        return
+    if not outcome.counts:
+        run.save(update_fields=_FIELDS)
+        if outcome.finish is not None:
+            _finish(run, outcome.finish.status, outcome.finish.reason)
+        elif outcome.pause is not None:
+            _pause(run, outcome.pause)
         return
     run.step_count += 1
     Step.objects.create(run=run, number=run.step_count, summary=outcome.summary,
-                        tool=outcome.tool, arguments=outcome.arguments, result=outcome.result)
-    ending = run.state.pop("finish", None)
-    pause = run.state.pop("pause", None)
-    run.save(update_fields=["step_count", "state", "experiment_count", "tokens_used",
-                            "cost_usd", "malformed_in_row", "branch"])
+                        tool=outcome.tool[:100], arguments=outcome.record, result=outcome.result,
+                        calls=outcome.calls, verdict=outcome.verdict[:300],
+                        experiment_id=outcome.experiment)
+    run.waiting_for_id = outcome.wait_for
+    run.save(update_fields=_FIELDS)
+    data: dict[str, Any] = {"tool": outcome.tool}
+    if outcome.result.get("change"):
+        data["change"] = outcome.result["change"]
     run_event(run_id=run.pk, kind="step", message=f"Step {run.step_count}: {outcome.summary}",
-              data={"tool": outcome.tool} | (
-                  {"change": outcome.result["change"]} if "change" in outcome.result else {}))
-    if ending is not None:
-        _finish(run, *ending)
-    elif pause is not None:
-        _pause(run, pause)
-    elif run.state.get("waiting_for") is None:
+              data=data)
+    if outcome.finish is not None:
+        _finish(run, outcome.finish.status, outcome.finish.reason)
+    elif outcome.pause is not None:
+        _pause(run, outcome.pause)
+    elif run.waiting_for_id is None:
         _enqueue_step(run)
 
 
@@ -185,167 +235,21 @@ def _budget_exhausted(run: AgentRun) -> str:
 
 
 def _finish(run: AgentRun, status: str, reason: str) -> None:
+    """End the run: its queued experiments are cancelled, its worktree removed."""
+    from infraops.services.experiments import experiment_cancel
+
     run.status = status
     run.stop_reason = reason
     run.finished_at = timezone.now()
-    run.state.pop("waiting_for", None)
-    run.save(update_fields=["status", "stop_reason", "finished_at", "state"])
+    run.waiting_for = None
+    run.save(update_fields=["status", "stop_reason", "finished_at", "waiting_for"])
     run_event(run_id=run.pk, kind="status", message=f"Run {status}: {reason}",
               data={"status": status})
-    worktree = run_worktree(run)
-    if worktree.exists():
-        try:
-            gitops.worktree_remove(run.target.clone_path, worktree)
-        except gitops.GitError:
-            shutil.rmtree(worktree, ignore_errors=True)
-
-
-# --- the tuner policy's step -------------------------------------------------------------
-
-def _tuner_step(run: AgentRun) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    """One tuner action: read the last experiment, or try the next configuration, or submit."""
-    spec = run.goal_version.spec
-    knobs = list(pinned_manifest(run).knobs)
-    trials: list[dict[str, Any]] = run.state.setdefault("trials", [])
-    pending = next((t for t in trials if t.get("objective") is None and not t.get("failed")), None)
-    if pending is not None:
-        return _tuner_read(run, pending, spec)
-    budget = min(float(spec["boundary"]["max_experiments"]), tuner.space_size(knobs))
-    if len(trials) < budget:
-        return _tuner_try(run, knobs, trials, spec)
-    return _tuner_submit(run, trials, spec)
-
-
-def _tuner_try(run: AgentRun, knobs: list[Knob], trials: list[dict[str, Any]],
-               spec: dict[str, Any]) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    repo = run.target.clone_path
-    history = [tuner.Trial(t["params"], t.get("objective")) for t in trials]
-    params = tuner.suggest(knobs, history, seed=run.pk)
-    current = {k.name: knob_read(k, _base_text(run, k)) for k in knobs}
-    trial: dict[str, Any] = {"number": len(trials) + 1, "params": params}
-    trials.append(trial)
-    if params == current:
-        # The base configuration is the baseline itself: an A/A run would only measure noise.
-        trial["objective"] = 1.0
-        trial["commit"] = run.base_commit
-        return (f"Configuration {params} is the current one: objective 1.0 by definition.",
-                "tuner.ask", {"params": params}, {"objective": 1.0})
-    commit = _commit_configuration(run, knobs, params)
-    violations = check_diff(gitops.diff(repo, run.base_commit, commit), policy_for(run, spec),
-                            existing=gitops.list_files(repo, run.base_commit))
-    if violations:
-        trial["failed"] = True
-        run_event(run_id=run.pk, kind="refusal",
-                  message="Edit refused: " + "; ".join(str(v) for v in violations))
-        return (f"Refused configuration {params}: it breaks the boundary.", "edit",
-                {"params": params}, {"violations": [str(v) for v in violations]})
-    experiment = experiment_request(
-        target=run.target, candidate_commit=commit, baseline_commit=run.base_commit,
-        probes=[spec["probe"]], origin=f"run {run.pk}, trial {trial['number']}",
-        criteria=spec["criteria"],
-    )
-    run.experiments.add(experiment)
-    run.experiment_count += 1
-    trial.update(commit=commit, experiment=experiment.pk)
-    run.state["waiting_for"] = experiment.pk
-    run_event(run_id=run.pk, kind="experiment",
-              message=f"Experiment {experiment.pk} queued: {params} vs base.",
-              data={"experiment": experiment.pk})
-    return (f"Trying {params}: experiment {experiment.pk} on commit {commit[:10]}.",
-            "run_experiment", {"params": params, "probes": [spec["probe"]]},
-            {"experiment": experiment.pk, "commit": commit})
-
-
-def _base_text(run: AgentRun, knob: Knob) -> str:
-    raw = gitops.read_file(run.target.clone_path, run.base_commit, knob.file)
-    if raw is None:
-        raise DomainError(f"Knob {knob.name}'s file {knob.file} is missing at the base commit.")
-    return raw.decode()
-
-
-def _commit_configuration(run: AgentRun, knobs: list[Knob], params: dict[str, str]) -> str:
-    """A commit on top of the base with the knobs set to params (each trial starts clean)."""
-    path = run_worktree(run)
-    repo = run.target.clone_path
-    if path.exists():
-        gitops.worktree_remove(repo, path)
-    gitops.worktree_add(repo, path, run.base_commit)
-    for knob in knobs:
-        file = path / knob.file
-        file.write_text(knob_apply(knob, file.read_text(), params[knob.name]))
-    commit = gitops.commit_all(path, f"tuner: {params}", author_name=AGENT_AUTHOR[0],
-                               author_email=AGENT_AUTHOR[1])
-    if commit is None:
-        raise DomainError(f"Setting {params} changed no file.")
-    return commit
-
-
-def _comparisons(experiment: Experiment) -> list[MetricComparison]:
-    return [MetricComparison(**{k: v for k, v in c.items() if k != "ratio"})
-            for c in experiment.summary.get("comparisons", [])]
-
-
-def _goal_medians(
-    experiment: Experiment, spec: dict[str, Any]
-) -> tuple[float | None, float | None]:
-    rows = [c for c in _comparisons(experiment)
-            if c.probe == spec["probe"] and c.metric == spec["metric"]]
-    cand = [c.candidate_median for c in rows if c.candidate_median is not None]
-    base = [c.baseline_median for c in rows if c.baseline_median is not None]
-    return (statistics.median(cand) if cand else None, statistics.median(base) if base else None)
-
-
-def _tuner_read(run: AgentRun, trial: dict[str, Any], spec: dict[str, Any]
-                ) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    experiment = Experiment.objects.get(pk=trial["experiment"])
-    if not experiment.is_finished:
-        run.state["waiting_for"] = experiment.pk
-        return ("Still waiting for experiment.", "wait", {"experiment": experiment.pk}, {})
-    if experiment.status != Experiment.Status.SUCCEEDED:
-        trial["failed"] = True
-        return (f"Experiment {experiment.pk} failed: {experiment.failure_reason}",
-                "read_feedback", {"experiment": experiment.pk},
-                {"failure": experiment.failure_reason})
-    candidate, baseline = _goal_medians(experiment, spec)
-    value = tuner.objective(candidate=candidate, baseline=baseline, direction=spec["direction"])
-    if value is None:
-        trial["failed"] = True
-        return (f"Experiment {experiment.pk} reported no {spec['metric']}.", "read_feedback",
-                {"experiment": experiment.pk}, {})
-    trial.update(objective=value, candidate=candidate, baseline=baseline)
-    return (f"{trial['params']}: {spec['metric']} median {candidate:.4g} vs baseline "
-            f"{baseline:.4g} (objective {value:.3f}, lower is better).",
-            "read_feedback", {"experiment": experiment.pk},
-            {"candidate": candidate, "baseline": baseline, "objective": value})
-
-
-def _tuner_submit(run: AgentRun, trials: list[dict[str, Any]], spec: dict[str, Any]
-                  ) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    measured = [t for t in trials if t.get("objective") is not None and t.get("experiment")]
-    best = min(measured, key=lambda t: t["objective"], default=None)
-    if best is None or best["objective"] >= 1.0:
-        run.state["finish"] = (AgentRun.Status.FAILED, "no configuration beat the baseline")
-        return ("No configuration beat the baseline; nothing to submit.", "finish", {}, {})
-    experiment = Experiment.objects.get(pk=best["experiment"])
-    verdicts = [f["evidence"]["verdict"] for f in experiment.feedback.get("findings", [])
-                if f["layer"] == "criteria"]
-    improvement = (1 - best["objective"]) * 100
-    change = change_submit(
-        target=run.target, title=f"Tune {', '.join(f'{k}={v}' for k, v in best['params'].items())}",
-        hypothesis=(f"Setting {best['params']} improves {spec['probe']}.{spec['metric']} "
-                    f"({spec['direction']}) by {improvement:.1f}% over the base configuration."),
-        evidence={"experiment": experiment.pk, "trials": trials, "criteria": verdicts,
-                  "feedback": experiment.feedback.get("agent_text", "")},
-        base_commit=run.base_commit, head_commit=best["commit"], author_label=f"run {run.pk}",
-        requested_by=run.started_by, goal_version=run.goal_version, experiment=experiment,
-    )
-    run.changes.add(change)
-    run_event(run_id=run.pk, kind="change",
-              message=f"Change {change.pk} submitted ({change.get_status_display()}).",
-              data={"change": change.pk})
-    run.state["finish"] = (AgentRun.Status.SUCCEEDED, f"submitted change {change.pk}")
-    return (f"Submitted the best configuration {best['params']} as change {change.pk}.",
-            "submit_change", {"params": best["params"]}, {"change": change.pk})
+    for experiment in run.experiments.filter(status=Experiment.Status.QUEUED):
+        if experiment_cancel(experiment=experiment, reason=f"run {run.pk} ended ({status})"):
+            run_event(run_id=run.pk, kind="experiment", data={"experiment": experiment.pk},
+                      message=f"Experiment {experiment.pk} cancelled: the run ended.")
+    remove_worktree(run)
 
 
 # --- human controls ------------------------------------------------------------------------
@@ -355,16 +259,22 @@ def run_pause(*, run: AgentRun, user: User | AnonymousUser) -> AgentRun:
 
 
 def run_resume(*, run: AgentRun, user: User | AnonymousUser) -> AgentRun:
+    """Resume a paused run: the model endpoint gets a fresh retry window and the 'no
+    progress' check a fresh allowance (it reads only experiments after this point)."""
     run = _transition(run, user, AgentRun.Status.PAUSED, AgentRun.Status.RUNNING, "resumed")
-    if not run.state.get("waiting_for"):
-        with transaction.atomic():
+    with transaction.atomic():
+        floor = run.experiments.aggregate(last=Max("pk"))["last"] or 0
+        AgentRun.objects.filter(pk=run.pk).update(provider_failing_since=None,
+                                                  progress_floor=floor)
+        run.refresh_from_db()
+        if run.waiting_for_id is None:
             _enqueue_step(run)
     return run
 
 
 def run_cancel(*, run: AgentRun, user: User | AnonymousUser) -> AgentRun:
-    if not has_role(user, ENGINEER):
-        raise DomainError("Only an engineer can cancel a run.")
+    if not has_target_role(user, run.target_id, ENGINEER):
+        raise DomainError(f"Only an engineer can cancel a run on {run.target.name}.")
     with transaction.atomic():
         locked = AgentRun.objects.select_for_update().get(pk=run.pk)
         if locked.is_finished:
@@ -376,8 +286,8 @@ def run_cancel(*, run: AgentRun, user: User | AnonymousUser) -> AgentRun:
 
 def _transition(run: AgentRun, user: User | AnonymousUser, old: str, new: str,
                 verb: str) -> AgentRun:
-    if not has_role(user, ENGINEER):
-        raise DomainError(f"Only an engineer can have a run {verb}.")
+    if not has_target_role(user, run.target_id, ENGINEER):
+        raise DomainError(f"Only an engineer can have a run {verb} on {run.target.name}.")
     with transaction.atomic():
         if AgentRun.objects.filter(pk=run.pk, status=old).update(status=new) != 1:
             run.refresh_from_db()
@@ -395,10 +305,10 @@ def run_wake(*, experiment_id: int) -> None:
     with transaction.atomic():
         for run in AgentRun.objects.select_for_update().filter(
             status__in=[AgentRun.Status.RUNNING, AgentRun.Status.PAUSED],
-            state__waiting_for=experiment_id,
+            waiting_for_id=experiment_id,
         ):
-            run.state.pop("waiting_for", None)
-            run.save(update_fields=["state"])
+            run.waiting_for = None
+            run.save(update_fields=["waiting_for"])
             experiment = Experiment.objects.get(pk=experiment_id)
             run_event(run_id=run.pk, kind="experiment",
                       message=f"Experiment {experiment_id} {experiment.status}.",
@@ -410,8 +320,8 @@ def run_wake(*, experiment_id: int) -> None:
 # --- human steering ------------------------------------------------------------------------
 
 def _steerer(run: AgentRun, user: User | AnonymousUser) -> User:
-    if not (has_role(user, ENGINEER) or has_role(user, REVIEWER)):
-        raise DomainError("Only an engineer or a reviewer can steer a run.")
+    if not target_roles(user, run.target_id) & {ENGINEER, REVIEWER}:
+        raise DomainError(f"Only an engineer or a reviewer can steer a run on {run.target.name}.")
     if run.is_finished:
         raise DomainError(f"The run already ended ({run.status}): start a new one.")
     assert isinstance(user, User)
@@ -423,7 +333,7 @@ def run_message_add(*, run: AgentRun, user: User | AnonymousUser, text: str) -> 
     author = _steerer(run, user)
     with transaction.atomic():
         message = RunMessage.objects.create(run=run, author=author, text=text)
-        run_event(run_id=run.pk, kind="status",
+        run_event(run_id=run.pk, kind="status", data={"messages": [message.pk]},
                   message=f"Message from {author.get_username()}: {text[:500]}")
         audit_record(actor=author, action="run.message", obj=run, data={"message": message.pk})
     return message
@@ -436,7 +346,7 @@ def hypothesis_add(*, run: AgentRun, user: User | AnonymousUser, title: str,
     with transaction.atomic():
         hypothesis = Hypothesis.objects.create(run=run, title=title, rationale=rationale,
                                                author=author)
-        run_event(run_id=run.pk, kind="status",
+        run_event(run_id=run.pk, kind="status", data={"ledger": True},
                   message=f"Hypothesis added by {author.get_username()}: {title}")
         audit_record(actor=author, action="run.hypothesis", obj=run,
                      data={"hypothesis": hypothesis.pk})
@@ -459,19 +369,44 @@ def run_pause_for_error(*, run_id: int, error: BaseException) -> None:
 
 
 def runs_reap() -> list[int]:
-    """Re-queue the next step of running runs that wait for nothing and have not moved for
-    STALLED_AFTER (their step message was lost with a killed worker). Safe: a step number
+    """Re-queue the next step of running runs that wait for nothing when their step message
+    is lost: at once when the worker that took the step is gone (killed, or restarted under
+    the same name: agents.tasks records which worker runs a step), and otherwise after
+    STALLED_AFTER without an event (a message lost some other way). Safe: a step number
     already taken is skipped. Returns the run ids re-queued."""
+    import logging
+
+    from redis.exceptions import RedisError
+
+    from agents import tasks
+
+    requeued = []
+    try:
+        orphans = tasks.orphaned_steps()
+    except RedisError:
+        logging.getLogger(__name__).warning("cannot read which steps run", exc_info=True)
+        orphans = {}
+    for pk, (number, record) in orphans.items():
+        with transaction.atomic():
+            run = (AgentRun.objects.select_for_update(skip_locked=True)
+                   .filter(pk=pk, status=AgentRun.Status.RUNNING).first())
+            if run is not None and run.waiting_for_id is None and run.step_count == number:
+                run_event(run_id=run.pk, kind="status",
+                          message=f"Step {number + 1} is taken again: the worker that had "
+                                  "it is gone.")
+                _enqueue_step(run)
+                requeued.append(run.pk)
+        tasks.forget_step(pk, record)
     quiet_since = timezone.now() - STALLED_AFTER
     stalled = list(AgentRun.objects.filter(status=AgentRun.Status.RUNNING)
                    .exclude(events__created_at__gte=quiet_since)
+                   .exclude(pk__in=requeued)
                    .values_list("pk", flat=True).distinct())
-    requeued = []
     for pk in stalled:
         with transaction.atomic():
             run = (AgentRun.objects.select_for_update(skip_locked=True)
                    .filter(pk=pk, status=AgentRun.Status.RUNNING).first())
-            if run is not None and run.state.get("waiting_for") is None:
+            if run is not None and run.waiting_for_id is None:
                 _enqueue_step(run)
                 requeued.append(run.pk)
     return requeued

@@ -2,65 +2,242 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django import forms
 from django.contrib import messages
+from django.core.cache import caches
+from django.db.models import QuerySet, prefetch_related_objects
 from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
+from django.template.loader import get_template
+from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_POST
 
 from agents import services
-from agents.models import AgentRun
-from infraops.access import HtmxHttpRequest, require_any_role
+from agents.models import AgentRun, Step
+from infraops.access import (
+    HtmxHttpRequest,
+    get_visible_or_404,
+    require_any_role,
+    scoped,
+    target_roles,
+    visible_targets,
+)
 from infraops.errors import DomainError
-from infraops.models import Experiment, Goal, Target
+from infraops.models import Experiment, Goal
+from infraops.ratelimit import START_RUN, throttled
 from infraops.workers import missing_worker_message
-from reviews.models import Change
+from reviews.live import awaiting_count
 
 
 def dashboard(request: HtmxHttpRequest) -> HttpResponse:
     require_any_role(request)
+    runs = scoped(AgentRun.objects.all(), request.user)
     return render(request, "agents/dashboard.html", {
-        "targets": Target.objects.all(),
-        "runs": AgentRun.objects.select_related("goal_version__goal", "target", "started_by")[:20],
-        "pending_reviews": Change.objects.awaiting_review().count(),
+        "targets": visible_targets(request.user),
+        # The goal's target too: a run's goal version is shown as "target: goal vN".
+        "runs": runs.select_related("goal_version__goal__target", "target", "started_by")[:20],
+        "pending_reviews": awaiting_count(request, []),
     })
 
 
 def _get_run_for_user(request: HtmxHttpRequest, pk: int) -> AgentRun:
-    require_any_role(request)
-    return get_object_or_404(
-        AgentRun.objects.select_related("goal_version__goal", "target", "started_by"), pk=pk
-    )
+    return get_visible_or_404(
+        AgentRun.objects.select_related("goal_version__goal__target", "target", "started_by"),
+        request, pk=pk)
 
 
 @require_POST
 def run_start(request: HtmxHttpRequest, goal_id: int) -> HttpResponse:
-    goal = get_object_or_404(Goal.objects.select_related("target"), pk=goal_id)
+    goal = get_visible_or_404(Goal.objects.select_related("target"), request, pk=goal_id)
+    if (refused := throttled(request, START_RUN)) is not None:
+        return refused
     try:
         run = services.run_start(goal=goal, user=request.user)
     except DomainError as exc:
         messages.error(request, str(exc))
         return redirect("infraops:target", name=goal.target.name)
+    except services.queue_errors():
+        # run_start checks the queue first; this is the rest: a page that says so, not a 500.
+        messages.error(request, f"{services.QUEUE_DOWN}; the run may not have started: "
+                                "check the runs list before trying again.")
+        return redirect("infraops:target", name=goal.target.name)
     return redirect("agents:run", pk=run.pk)
 
 
+CURSOR_MAX = 2**31 - 1  # a PositiveIntegerField's top: any larger 'after' means 'after all'
+ARGUMENT_CUT = 2000  # characters of one argument value shown on the page
+ARGUMENTS_CUT = 8000  # characters of a call's whole pretty-printed arguments
+CONTENT_CUT = 4000  # characters of what the model read back
+
+
+def _cursor(text: str | None) -> int:
+    """A sequence number from the address; anything else (abc, -1, 1e9, '²') is 0."""
+    if not text or not (text.isascii() and text.isdigit()):
+        return 0
+    return CURSOR_MAX if len(text) > 10 else min(int(text), CURSOR_MAX)
+
+
+def _cut(text: str, limit: int) -> tuple[str, int]:
+    """The first `limit` characters of text, and how many more there were."""
+    return text[:limit], max(len(text) - limit, 0)
+
+
+def _cut_values(value: Any, depth: int = 0) -> Any:
+    """The arguments with each long string cut, saying how much was left out."""
+    if depth > 20 and isinstance(value, dict | list):
+        value = json.dumps(value, default=str)  # deeper than any tool's schema: as text
+    if isinstance(value, str):
+        shown, more = _cut(value, ARGUMENT_CUT)
+        return f"{shown}… ({more} more characters)" if more else value
+    if isinstance(value, dict):
+        return {str(key): _cut_values(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_cut_values(item, depth + 1) for item in value]
+    return value
+
+
+@dataclass(frozen=True)
+class CallView:
+    """One tool call of a step, as the page shows it (texts cut, never trusted)."""
+
+    id: str
+    name: str
+    state: str  # ok, refused, malformed or failed
+    reason: str
+    arguments: str
+    arguments_more: int
+    raw: str
+    content: str
+    content_more: int
+
+    @classmethod
+    def of(cls, call: dict[str, Any]) -> CallView:
+        arguments = call.get("arguments")
+        malformed = bool(call.get("malformed"))
+        refusal = str(call.get("refusal") or "")
+        content = call.get("content")
+        if not isinstance(content, str):
+            content = "" if content is None else json.dumps(content, indent=2, default=str)
+        raw = ""
+        if malformed and isinstance(arguments, dict) and set(arguments) == {"raw"}:
+            raw, arguments = str(arguments["raw"])[:ARGUMENT_CUT], None
+        pretty = ("" if arguments in (None, {}) else
+                  json.dumps(_cut_values(arguments), indent=2, ensure_ascii=False, default=str))
+        data = call.get("data")
+        error = str(data.get("error") or "") if isinstance(data, dict) else ""
+        if refusal:
+            state, reason = "refused", refusal
+        elif malformed:
+            state, reason = "malformed", error or content.strip().split("\n", 1)[0]
+        elif call.get("ok"):
+            state, reason = "ok", ""
+        else:
+            state, reason = "failed", error
+        shown_arguments, arguments_more = _cut(pretty, ARGUMENTS_CUT)
+        shown_content, content_more = _cut(content, CONTENT_CUT)
+        return cls(id=str(call.get("id") or ""), name=str(call.get("name") or "?"), state=state,
+                   reason=reason[:500], arguments=shown_arguments, arguments_more=arguments_more,
+                   raw=raw, content=shown_content, content_more=content_more)
+
+
+@dataclass(frozen=True)
+class StepView:
+    step: Step
+    calls: list[CallView]
+
+
+# What the page shows of a step: not its arguments and result (the calls carry them), nor an
+# experiment's feedback, summary and logs (only its status).
+STEP_FIELDS = ("run", "number", "summary", "calls", "verdict", "experiment__status")
+
+
+def _step_views(steps: QuerySet[Step]) -> list[StepView]:
+    return [StepView(step, [CallView.of(call) for call in
+                            (step.calls if isinstance(step.calls, list) else [])
+                            if isinstance(call, dict)])
+            for step in steps.select_related("experiment").only(*STEP_FIELDS)]
+
+
+def _rendered_once(partial: str, keys: dict[str, int],
+                   fetch: Callable[[set[int]], Iterable[tuple[int, dict[str, Any]]]],
+                   ) -> SafeString:
+    """The rows named by `keys` (cache key -> row id), in their order, each `partial` rendered
+    once per process; `fetch(ids)` gives the context of each row not rendered yet. Only for
+    rows whose key names everything they show."""
+    fragments = caches["fragments"]
+    rows = fragments.get_many(list(keys))
+    missing = {row for key, row in keys.items() if key not in rows}
+    if missing:
+        template = get_template(partial)
+        key_of = {row: key for key, row in keys.items()}
+        fresh = {key_of[row]: template.render(context) for row, context in fetch(missing)}
+        fragments.set_many(fresh)
+        rows |= fresh
+    # Each row is the partial's own output, escaped where it shows data.
+    return mark_safe("".join(rows.get(key, "") for key in keys))  # noqa: S308  # nosec
+
+
+def _event_rows(run: AgentRun, after: int) -> SafeString:
+    """The log's rows after `after`, each the `run-event` partial rendered once per process.
+
+    Events are append-only (agents/events.py) and a row shows nothing but its event, so a
+    rendered row never goes stale; the key names the run's creation too, so a database that was
+    reset (and gave a pk again) meets none of the old rows. The rows run up to the run's
+    event_seq as read with the run: an event's number and its row commit together, so every
+    one up to it is there, and the page's socket asks for the later ones when it connects."""
+    prefix = f"run-event:{run.pk}:{run.created_at.timestamp()}:"
+
+    def fetch(seqs: set[int]) -> Iterable[tuple[int, dict[str, Any]]]:
+        events = run.events.filter(seq__gte=min(seqs), seq__lte=max(seqs))
+        return ((event.seq, {"event": event}) for event in events if event.seq in seqs)
+
+    keys = {f"{prefix}{seq}": seq for seq in range(after + 1, run.event_seq + 1)}
+    return _rendered_once("agents/run.html#run-event", keys, fetch)
+
+
+def _step_rows(run: AgentRun) -> SafeString:
+    """The steps' rows, each the `run-step` partial rendered once per process: a step is
+    written once (agents.services._record) and its row shows only the step and its
+    experiment's status, which the key names (and the run's creation, as for the log)."""
+    shown = (run.steps.order_by("number")
+             .values_list("pk", "experiment_id", "experiment__status"))
+    created = run.created_at.timestamp()
+
+    def fetch(pks: set[int]) -> Iterable[tuple[int, dict[str, Any]]]:
+        return ((view.step.pk, {"view": view})
+                for view in _step_views(run.steps.filter(pk__in=pks)))
+
+    keys = {f"run-step:{pk}:{created}:{experiment}:{status}": pk
+            for pk, experiment, status in shown}
+    return _rendered_once("agents/run.html#run-step", keys, fetch)
+
+
 def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """The run page; for htmx, the live partial (events after `after`); with `steps_after`,
+    only the rows of the steps after that number (the page's script appends them)."""
     run = _get_run_for_user(request, pk)
-    after_text = request.GET.get("after", "0")
-    after = int(after_text) if after_text.isdigit() else 0
-    events = run.events.filter(seq__gt=after).order_by("seq")
-    context = {
-        "run": run, "events": events, "worker_warning": _worker_warning(run),
-        "steps": run.steps.order_by("number"),
+    steps = run.steps.order_by("number")
+    if "steps_after" in request.GET:
+        rows = _step_views(steps.filter(number__gt=_cursor(request.GET["steps_after"])))
+        return render(request, "agents/run.html#run-step-rows", {"run": run, "step_views": rows})
+    # The ledger and the messages are read through the run, as the socket's partial reads them.
+    prefetch_related_objects([run], "hypotheses__author", "messages__author")
+    after = _cursor(request.GET.get("after"))
+    context: dict[str, Any] = {
+        "run": run, "worker_warning": _worker_warning(run),
         "changes": run.changes.order_by("pk"), "experiments": run.experiments.order_by("pk"),
-        "hypotheses": run.hypotheses.select_related("author"),
-        "run_messages": run.messages.select_related("author"), "steer_form": SteerForm(),
+        "steer_form": SteerForm(), "target_roles": target_roles(request.user, run.target_id),
     }
     if request.htmx:
+        context["events"] = run.events.filter(seq__gt=after).order_by("seq")
         return render(request, "agents/run.html#live-update", context)
-    return render(request, "agents/run.html", context)
+    return render(request, "agents/run.html", context | {"event_rows": _event_rows(run, after),
+                                                         "step_rows": _step_rows(run)})
 
 
 class SteerForm(forms.Form):
@@ -99,10 +276,9 @@ def _worker_warning(run: AgentRun) -> str | None:
     """Why nothing moves, when no worker consumes the queue the run now waits on."""
     if run.status != AgentRun.Status.RUNNING:
         return None
-    waiting = run.state.get("waiting_for")
     queue = "agent"
-    if waiting:
-        queue = (Experiment.objects.filter(pk=waiting, status=Experiment.Status.QUEUED)
+    if run.waiting_for_id is not None:
+        queue = (Experiment.objects.filter(pk=run.waiting_for_id, status=Experiment.Status.QUEUED)
                  .values_list("queue", flat=True).first() or "agent")
     return missing_worker_message(queue)
 
@@ -121,5 +297,6 @@ def run_control(request: HtmxHttpRequest, pk: int, action: str) -> HttpResponse:
             return HttpResponse(str(exc), status=409)
         messages.error(request, str(exc))
     if request.htmx:
-        return render(request, "agents/run.html#run-controls", {"run": run})
+        return render(request, "agents/run.html#run-controls",
+                      {"run": run, "target_roles": target_roles(request.user, run.target_id)})
     return redirect("agents:run", pk=run.pk)

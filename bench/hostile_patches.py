@@ -18,6 +18,7 @@ Targets (G1, G2): < 2000 ms; < 200 MiB; every case; 0. Exits 1 if one is missed.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -25,8 +26,15 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import django
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# The agent's tools import models: Django is set up first. No database is touched, so a
+# throw-away key is enough when none is set.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.settings")
+os.environ.setdefault("SECRET_KEY", "bench-hostile-patches-not-a-service")
+django.setup()
 
 from agents.tools import ToolContext, tool_call  # noqa: E402
 from infraops import gitops  # noqa: E402

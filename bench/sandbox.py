@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,6 +48,62 @@ ATTEMPT_LIMITS = sandbox.SandboxLimits(
     wall_seconds=3.0, cpu_seconds=2, address_space_mb=256, file_size_mb=1, processes=32,
     output_bytes=65_536,
 )
+
+# Abuses that used to spend what other runs need (one RLIMIT_NPROC for the whole uid; no total
+# of memory or disk), each holding its limit until the bench writes `stop` into its work tree.
+_HOLD = "while not os.path.exists('stop'): time.sleep(0.05)"
+ABUSES: tuple[tuple[str, str, sandbox.SandboxLimits], ...] = (
+    ("fork_bomb", f"""
+import os, time
+said = False
+while not os.path.exists("stop"):
+    try:
+        if os.fork() == 0:
+            {_HOLD}
+            os._exit(0)
+    except OSError:
+        if not said:
+            print("AT-LIMIT", flush=True)
+            said = True
+        time.sleep(0.01)
+""", sandbox.SandboxLimits(wall_seconds=60.0, processes=32, memory_mb=1024)),
+    ("memory_hog", f"""
+import os, time
+for _ in range(8):
+    if os.fork() == 0:
+        b = b"x" * (64 << 20)
+        {_HOLD}
+        os._exit(0)
+time.sleep(1.0)
+print("AT-LIMIT", flush=True)
+{_HOLD}
+""", sandbox.SandboxLimits(wall_seconds=60.0, processes=32, memory_mb=256)),
+    ("disk_fill", f"""
+import os, time
+for i in range(40):
+    with open("fill-%d" % i, "wb") as f:
+        f.write(b"x" * (8 << 20))
+print("AT-LIMIT", flush=True)
+{_HOLD}
+""", sandbox.SandboxLimits(wall_seconds=60.0, file_size_mb=16, disk_mb=64)),
+)
+# The victim needs 40 processes at once, 16 MB in each and 16 MB of disk: far under its limits.
+VICTIM = r"""
+import os, sys, time
+children = []
+for _ in range(40):
+    pid = os.fork()
+    if pid == 0:
+        b = b"x" * (16 << 20)
+        time.sleep(0.5)
+        os._exit(0)
+    children.append(pid)
+with open("victim.bin", "wb") as f:
+    f.write(b"y" * (16 << 20))
+sys.exit(sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in children))
+"""
+VICTIM_LIMITS = sandbox.SandboxLimits(wall_seconds=120.0, processes=64, memory_mb=2048,
+                                      disk_mb=256, file_size_mb=64)
 
 # The attacker's program. argv: kind, arguments. Prints ESCAPED <sha256 of what it got> and exits
 # 0 when the operation worked; prints BLOCKED <error> and exits 3 otherwise.
@@ -496,6 +553,95 @@ class Bench:
                        f" kept_stdout_bytes={len(result.stdout)}"
                        f" truncated={result.output_truncated}")
 
+    def host_effects(self) -> None:
+        """Row S6's host side: how soon the host's CPU is back to its idle level once a CPU
+        spin and a fork bomb are stopped, and how much this process (the worker) grows while a
+        sandbox floods 1 GiB of stdout through the capped reader."""
+        idle = psutil.cpu_percent(interval=1.0)
+        recoveries = []
+        for command, limits in (
+                (f"{PYTHON} -c 'while True: pass' & {PYTHON} -c 'while True: pass'; wait",
+                 sandbox.SandboxLimits(wall_seconds=3.0, cpu_seconds=60)),
+                (f"{PYTHON} bomb.py", sandbox.SandboxLimits(wall_seconds=3.0, processes=64))):
+            self.run(command, limits)
+            ended = time.monotonic()
+            while (psutil.cpu_percent(interval=0.5) > idle + 25
+                   and time.monotonic() - ended < 30):
+                pass
+            recoveries.append(time.monotonic() - ended)
+        figure("host_cpu_recovery_s", f"{max(recoveries):.1f}", "s",
+               f" idle_cpu_percent={idle:.0f} (target: within 10 s)")
+        before = psutil.Process().memory_info().rss
+        result = self.run("head -c 1073741824 /dev/zero", sandbox.SandboxLimits(
+            wall_seconds=120.0))
+        growth = (psutil.Process().memory_info().rss - before) / (1 << 20)
+        figure("worker_rss_growth_mib_1gib_stdout", f"{growth:.1f}", "MiB",
+               f" kept_stdout_bytes={len(result.stdout)} written={result.stdout_bytes}"
+               " (target < 50)")
+
+    def isolation(self) -> None:
+        """Each abuse runs beside a victim run started once the abuse is at its limit (as two
+        experiments on two pool processes): victim_failures counts the victims that failed,
+        leftover_sandbox_processes what either run left behind, control groups included."""
+        victims_failed, left, groups_left, notes = 0, 0, 0, []
+        for name, program, limits in ABUSES:
+            abuser, victim = self.base / f"{name}-abuser", self.base / f"{name}-victim"
+            for folder in (abuser, victim):
+                for part in ("work", "out"):
+                    sandbox.sandbox_prepare_dir(folder / part, self.identity)
+            (abuser / "work" / "abuse.py").write_text(program)
+            (victim / "work" / "victim.py").write_text(VICTIM)
+            at_limit = threading.Event()
+            abuse_watch, victim_watch = Watch(self.identity.uid, str(abuser)), \
+                Watch(self.identity.uid, str(victim))
+            done: list[sandbox.SandboxResult] = []
+
+            def on_output(stream: str, chunk: bytes, watch: Watch = abuse_watch,
+                          event: threading.Event = at_limit) -> None:
+                watch.on_output(stream, chunk)
+                if b"AT-LIMIT" in chunk:
+                    event.set()
+
+            def abuse(folder: Path = abuser, limits: sandbox.SandboxLimits = limits,
+                      on_output: Callable[[str, bytes], None] = on_output,
+                      done: list[sandbox.SandboxResult] = done,
+                      event: threading.Event = at_limit) -> None:
+                try:
+                    done.append(sandbox.sandbox_run(sandbox.SandboxSpec(
+                        command=Watch.PREFIX + f"{PYTHON} abuse.py", workdir=folder / "work",
+                        out_dir=folder / "out", env={}, limits=limits),
+                        identity=self.identity, on_output=on_output))
+                finally:
+                    event.set()  # stopped before it said so (the disk fill, at its limit)
+
+            thread = threading.Thread(target=abuse, name=f"abuse-{name}")
+            thread.start()
+            at_limit.wait(60)
+            try:
+                result = sandbox.sandbox_run(sandbox.SandboxSpec(
+                    command=Watch.PREFIX + f"{PYTHON} victim.py", workdir=victim / "work",
+                    out_dir=victim / "out", env={}, limits=VICTIM_LIMITS),
+                    identity=self.identity, on_output=victim_watch.on_output)
+            finally:
+                (abuser / "work" / "stop").write_text("")
+                thread.join()
+            abused = done[0] if done else None
+            failed = result.reason != sandbox.REASON_OK
+            victims_failed += failed
+            leftovers = abuse_watch.leftovers() + victim_watch.leftovers()
+            left += len(leftovers)
+            abuse_watch.close()
+            victim_watch.close()
+            print(f"attempt: {name} abuser={abused.reason if abused else 'none'} "
+                  f"limits_hit={','.join(abused.limits_hit) if abused else ''} "
+                  f"victim={result.reason} ({result.detail}) leftovers={leftovers}", flush=True)
+            notes.append(f"{name}={'failed' if failed else 'ok'}")
+        groups_left = len(own_cgroups())
+        figure("victim_failures", victims_failed, "count", " ".join(notes))
+        figure("leftover_sandbox_processes", left, "count",
+               f"cgroups_left={groups_left} containment={sandbox.sandbox_containment()!r}")
+        self.failed |= bool(victims_failed or left or groups_left)
+
     def timeout_leftovers(self) -> None:
         started = time.monotonic()
         result, left = self.watched("setsid sleep 300 & (sleep 300 &); sleep 300",
@@ -527,6 +673,17 @@ class Bench:
         shutil.rmtree(self.base, ignore_errors=True)
         for path in self.cleanup:
             path.unlink(missing_ok=True)
+
+
+def own_cgroups() -> list[Path]:
+    """Control groups of this process's runs still there (none once every run has ended)."""
+    try:
+        places = sandbox._cgroup_places()
+    except OSError:
+        return []
+    folders = [*places.v1.values(), *([places.v2] if places.v2 is not None else [])]
+    return [entry for folder in folders
+            for entry in (folder / sandbox.CGROUP_FOLDER).glob(f"r{os.getpid()}-*")]
 
 
 def nameservers() -> list[str]:
@@ -578,7 +735,9 @@ def main() -> int:
         # Only now, so that the host-side checks above saw nothing the detector run wrote.
         bench.detector_checks([*egress, *canaries, *writes])
         bench.containment()
+        bench.host_effects()
         bench.timeout_leftovers()
+        bench.isolation()
         bench.start_median()
     finally:
         bench.remove()

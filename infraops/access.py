@@ -1,12 +1,30 @@
-"""Access checks shared by the views: a role, or a 403 with the reason."""
+"""Who may see and do what, per target: the one place views, services, sockets and the admin
+ask.
+
+A superuser sees every target and holds the engineer and reviewer roles on each. Anyone else
+sees only the targets they are a member of (`TargetMembership`), and holds there exactly the
+membership's role; their global groups (infraops.roles) give them the admin editor's model
+permissions and nothing on a target. An object of a target the user does not see answers 404,
+as an id that does not exist does, so ids are not confirmed.
+"""
 
 from __future__ import annotations
 
+from typing import Any, TypeGuard, TypeVar
+
+from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.db.models import Model, QuerySet
+from django.http import Http404, HttpRequest
 from django_htmx.middleware import HtmxDetails
 
-from infraops.roles import has_role, user_roles
+from infraops.models import Target, TargetMembership
+from infraops.roles import ENGINEER, REVIEWER, user_roles
+
+M = TypeVar("M", bound=Model)
+Q = TypeVar("Q", bound=QuerySet[Any])
+
+NOT_FOUND = "No such page, or not one of your targets'."
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -15,11 +33,98 @@ class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
 
 
+def _is_superuser(user: User | AnonymousUser) -> bool:
+    return user.is_authenticated and bool(getattr(user, "is_superuser", False))
+
+
+def scoped(queryset: Q, user: User | AnonymousUser, path: str = "target") -> Q:
+    """The rows of `queryset` whose target (reached by `path`; "" for targets themselves)
+    the user sees."""
+    if _is_superuser(user):
+        return queryset
+    if not user.is_authenticated:
+        return queryset.none()
+    mine = TargetMembership.objects.filter(user_id=user.pk).values("target_id")
+    return queryset.filter(**{f"{path}__in" if path else "pk__in": mine})
+
+
+def visible_targets(user: User | AnonymousUser) -> QuerySet[Target]:
+    return scoped(Target.objects.all(), user, path="")
+
+
+def targets_with_role(user: User | AnonymousUser, role: str) -> QuerySet[Target]:
+    """The targets on which the user holds `role` (every target for a superuser)."""
+    if _is_superuser(user):
+        return Target.objects.all()
+    if not user.is_authenticated:
+        return Target.objects.none()
+    return Target.objects.filter(memberships__user_id=user.pk, memberships__role=role)
+
+
+def target_roles(user: User | AnonymousUser, target_id: int | None) -> set[str]:
+    """The roles the user holds on that target (empty when they do not see it)."""
+    if _is_superuser(user):
+        return {ENGINEER, REVIEWER}
+    if not user.is_authenticated or target_id is None:
+        return set()
+    role = (TargetMembership.objects.filter(user_id=user.pk, target_id=target_id)
+            .values_list("role", flat=True).first())
+    return {role} if role else set()
+
+
+def target_role(user: User | AnonymousUser, target: Target) -> str | None:
+    """The one role of a member on the target (superusers: engineer), else None."""
+    roles = target_roles(user, target.pk)
+    return ENGINEER if ENGINEER in roles else next(iter(roles), None)
+
+
+def has_target_role(user: User | AnonymousUser, target_id: int | None,
+                    role: str) -> TypeGuard[User]:
+    """True when the user is signed in and holds the role on that target (narrows to User)."""
+    return role in target_roles(user, target_id)
+
+
+def has_any_access(user: User | AnonymousUser) -> bool:
+    """Signed in with a role: a global group, a membership, or superuser."""
+    if not user.is_authenticated:
+        return False
+    return bool(user_roles(user)) or TargetMembership.objects.filter(user_id=user.pk).exists()
+
+
+_ROLES_OF_REQUEST = "_infraops_roles"
+
+
+def request_roles(request: HttpRequest) -> set[str]:
+    """The signed-in user's roles, read once per request: the view's access check and the
+    page's navigation and controls (infraops.context_processors) share one query. Per request,
+    not per user instance: a websocket's user lives for hours, and its roles must be re-read."""
+    roles: set[str] | None = getattr(request, _ROLES_OF_REQUEST, None)
+    if roles is None:
+        roles = user_roles(request.user)
+        setattr(request, _ROLES_OF_REQUEST, roles)
+    return roles
+
+
 def require_any_role(request: HttpRequest) -> None:
-    if not user_roles(request.user):
+    if not request_roles(request) and not has_any_access(request.user):
         raise PermissionDenied("Your account has no role yet: ask an admin for one.")
 
 
-def require_role(request: HttpRequest, role: str) -> None:
-    if not has_role(request.user, role):
-        raise PermissionDenied(f"This needs the {role} role.")
+def get_visible_or_404(queryset: QuerySet[M], request: HttpRequest, path: str = "target",
+                       **lookup: Any) -> M:
+    """The object, if it exists and the user sees its target; else 404 (either way the
+    same answer). Needs a role first (403 without one: that says nothing about ids)."""
+    require_any_role(request)
+    found = scoped(queryset, request.user, path).filter(**lookup).first()
+    if found is None:
+        raise Http404(NOT_FOUND)
+    return found
+
+
+def require_target_role(request: HttpRequest, target: Target, role: str) -> None:
+    """404 when the user does not see the target, 403 when they see it in another role."""
+    roles = target_roles(request.user, target.pk)
+    if not roles:
+        raise Http404(NOT_FOUND)
+    if role not in roles:
+        raise PermissionDenied(f"This needs the {role} role on {target.name}.")

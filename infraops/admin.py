@@ -15,10 +15,12 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth.models import User
 from django.db.models import Count, QuerySet
 from django.forms.models import BaseInlineFormSet, BaseModelFormSet
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
 
+from infraops.access import NOT_FOUND, has_target_role, scoped, targets_with_role
 from infraops.errors import DomainError
 from infraops.models import (
     AcceptanceCriterion,
@@ -28,11 +30,39 @@ from infraops.models import (
     Goal,
     GoalVersion,
     Target,
+    TargetMembership,
 )
+from infraops.roles import ENGINEER
 from infraops.services.admin_audit import audit_form_save, formset_save_audited, record_values
 from infraops.services.audit import audit_record
 from infraops.services.goals import goal_snapshot, metric_problem
 from infraops.services.targets import repo_check, target_clone, target_refresh_manifest
+
+
+class TargetScopedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Lists and pages only the rows of the targets the user sees (infraops.access); any
+    other id answers 404, as a missing one does. Editing needs the engineer role on the row's
+    target. `target_path` leads from the row to its target ("" for a target itself)."""
+
+    target_path = "target"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return scoped(super().get_queryset(request), request.user, self.target_path)
+
+    def _get_obj_does_not_exist_redirect(self, request: HttpRequest, opts: Any,
+                                         object_id: str) -> HttpResponse:
+        # Django redirects to the index with "doesn't exist"; ours is the site's 404.
+        raise Http404(NOT_FOUND)
+
+    def target_id_of(self, obj: Any) -> int:
+        for name in filter(None, self.target_path.split("__")):
+            obj = getattr(obj, name)
+        return int(obj.pk)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if not super().has_change_permission(request, obj):
+            return False
+        return obj is None or has_target_role(request.user, self.target_id_of(obj), ENGINEER)
 
 
 class RecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -112,7 +142,7 @@ class TargetForm(forms.ModelForm):  # type: ignore[type-arg]
         return data
 
 
-class HistoryKeptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class HistoryKeptAdmin(TargetScopedAdmin):
     """An editable head (target, goal) whose deletion would cascade records away: deletable
     one at a time, only while `records_of` finds none, and audited. The change page's
     "records" line says what it has, hence why there is no Delete button."""
@@ -153,10 +183,35 @@ class HistoryKeptAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         audit_form_save(user=request.user, action=action, form=form, created=not change)
 
 
+class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
+    """Who sees the target, and in which role: admins (superusers) only."""
+
+    model = TargetMembership
+    extra = 0
+    fields = ["user", "role"]
+
+    def _admin(self, request: HttpRequest) -> bool:
+        return bool(getattr(request.user, "is_superuser", False))
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._admin(request)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._admin(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._admin(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._admin(request)
+
+
 @admin.register(Target)
 class TargetAdmin(HistoryKeptAdmin):
     form = TargetForm
     audit_noun = "target"
+    target_path = ""
+    inlines = [MembershipInline]
     list_display = ["name", "repo_url", "base_branch", "manifest_state", "refreshed_at"]
     readonly_fields = ["manifest_commit", "manifest_sha256", "manifest_problems", "refreshed_at"]
     actions = ["refresh_manifest"]
@@ -174,10 +229,19 @@ class TargetAdmin(HistoryKeptAdmin):
     def records_of(self, obj: Target) -> dict[str, int]:
         return _target_records(obj)
 
+    def save_formset(self, request: HttpRequest, form: Any, formset: BaseModelFormSet[Any, Any],
+                     change: bool) -> None:
+        formset_save_audited(user=request.user, formset=formset, noun="membership",
+                             data={"target": form.instance.pk})
+
     def save_model(self, request: HttpRequest, obj: Target, form: Any, change: bool) -> None:
         if not change:
             obj.created_by = request.user  # type: ignore[assignment]
         super().save_model(request, obj, form, change)
+        user = request.user
+        if not change and isinstance(user, User) and not user.is_superuser:
+            # Its engineer sees what they made; an admin adds anyone else.
+            TargetMembership.objects.create(target=obj, user=user, role=ENGINEER)
         try:
             if not change or {"repo_url"} & set(form.changed_data):
                 target_clone(target=obj)
@@ -235,7 +299,7 @@ class GoalForm(forms.ModelForm):  # type: ignore[type-arg]
     class Meta:
         model = Goal
         fields = ["target", "name", "probe", "metric", "direction", "relative_target",
-                  "absolute_target", "policy", "model_name", "owner", "auto_merge"]
+                  "absolute_target", "min_effect", "policy", "model_name", "owner", "auto_merge"]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -263,6 +327,11 @@ class GoalAdmin(HistoryKeptAdmin):
     def records_of(self, obj: Goal) -> dict[str, int]:
         return _goal_records(obj)
 
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "target":  # a goal goes only on a target its engineer edits
+            kwargs["queryset"] = targets_with_role(request.user, ENGINEER)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
     def save_formset(self, request: HttpRequest, form: Any, formset: BaseModelFormSet[Any, Any],
                      change: bool) -> None:
         formset_save_audited(user=request.user, formset=formset,
@@ -277,7 +346,8 @@ class GoalAdmin(HistoryKeptAdmin):
 
 
 @admin.register(GoalVersion)
-class GoalVersionAdmin(RecordAdmin):
+class GoalVersionAdmin(TargetScopedAdmin, RecordAdmin):
+    target_path = "goal__target"
     list_display = ["goal", "number", "created_by", "created_at"]
     list_select_related = ["goal__target", "created_by"]
     fields = ["goal", "number", "spec", "created_by", "created_at"]
@@ -285,7 +355,7 @@ class GoalVersionAdmin(RecordAdmin):
 
 
 @admin.register(Experiment)
-class ExperimentAdmin(RecordAdmin):
+class ExperimentAdmin(TargetScopedAdmin, RecordAdmin):
     list_display = ["pk", "target", "status", "attempts", "origin", "created_at"]
     list_filter = ["status"]
     list_select_related = ["target"]

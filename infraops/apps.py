@@ -1,8 +1,15 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class InfraopsConfig(AppConfig):
     name = "infraops"
     verbose_name = "InfraOps"
+
+    def ready(self) -> None:
+        from infraops.roles import ensure_roles
+
+        # After auth's own handler has made this app's permissions (auth is listed first).
+        post_migrate.connect(ensure_roles, sender=self, dispatch_uid="infraops-roles")

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from typing import TYPE_CHECKING, Any
 
+import redis
 from celery import Celery
 from celery.signals import (
     task_postrun,
     task_prerun,
+    worker_init,
     worker_process_init,
     worker_ready,
     worker_shutdown,
 )
+from kombu.transport import redis as kombu_redis
 
 if TYPE_CHECKING:
+    from infraops.orphans import OrphanReaper
     from infraops.workers import Heartbeat
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.settings")
@@ -24,7 +29,89 @@ app = Celery("infraops")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 _heartbeat: Heartbeat | None = None
+_orphans: OrphanReaper | None = None
 log = logging.getLogger(__name__)
+
+
+def _is_prefork(pool_cls: Any) -> bool:
+    from celery import concurrency
+    from celery.concurrency.prefork import TaskPool
+
+    implementation = concurrency.get_implementation(pool_cls)
+    return isinstance(implementation, type) and issubclass(implementation, TaskPool)
+
+
+@worker_init.connect
+def _adopt_orphans(sender: Any, **kwargs: Any) -> None:
+    """Before the pool forks: a prefork worker's main process becomes the reaper of what
+    its pool processes leave behind when they die (infraops.orphans)."""
+    from infraops.orphans import become_subreaper
+
+    if _is_prefork(sender.pool_cls) and not become_subreaper():
+        log.warning("cannot become a child subreaper: a killed pool process may leave "
+                    "processes behind")
+
+
+def _pool_processes(pool: Any) -> set[int]:
+    info = pool.info if pool is not None else {}
+    return set(info.get("processes", ()))
+
+
+# --- riding out a broker outage ------------------------------------------------------------
+#
+# Celery 5.7.0 closes the consumer's broken connection inline when the broker goes away
+# (Consumer.on_connection_error_after_connected: collect(), then close()). collect() detaches
+# the kombu Transport (transport.client = None) while the default channel is still open; if a
+# late-acked task is running, close() makes that channel restore its unacked message, which
+# builds a new Redis pool from transport.client: AttributeError "'NoneType' object has no
+# attribute 'hostname'" (kombu.transport.redis.Channel._connparams). An AttributeError is not
+# a connection error, so the worker logged "Unrecoverable error" and exited (seen in 2 of 3
+# Redis kills with a task running). The ack of that task, once it ends, takes the same path.
+# celery and kombu 5.7.0 are the newest releases; no pin avoids it. A channel whose connection
+# was closed now says so as a connection error, which Celery already handles: the close goes
+# on, the ack is logged as lost ("Couldn't ack") and the message stays in the unacked set
+# (a step is safe twice), and the consumer reconnects.
+_connparams = getattr(kombu_redis.Channel, "_connparams")  # noqa: B009
+
+
+def _connparams_of_open_channel(self: Any, *args: Any, **kwargs: Any) -> Any:
+    transport = getattr(self, "connection", None)
+    if transport is None or getattr(transport, "client", None) is None:
+        raise redis.exceptions.ConnectionError("the broker connection was closed")
+    return _connparams(self, *args, **kwargs)
+
+
+setattr(kombu_redis.Channel, "_connparams", _connparams_of_open_channel)  # noqa: B010
+
+# A worker's pool processes wait this long for the broker when they queue follow-up work
+# (a run's next step, a wake-up): a step that ends during a Redis outage queues the next one
+# when Redis is back instead of failing. Web processes keep Celery's short default, so a page
+# answers at once that the queue is down (agents.services.run_start).
+WORKER_PUBLISH_RETRY_POLICY = {"max_retries": 60, "interval_start": 0.5, "interval_step": 0.5,
+                               "interval_max": 3.0}
+
+# --- which worker process runs a step ------------------------------------------------------
+#
+# Each worker (main process) has a boot token, which its heartbeat keeps alive in Redis
+# (infraops.workers.boot_alive). A step task records the token of the worker it runs on
+# (agents.tasks); the reaper re-queues a step whose worker's key expired or names another boot
+# (the worker was killed, or restarted under the same name).
+worker_boot = ""
+
+
+@worker_init.connect
+def _name_this_boot(sender: Any, **kwargs: Any) -> None:
+    """Before the pool forks, so its processes inherit the token."""
+    global worker_boot
+    worker_boot = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    os.environ["INFRAOPS_WORKER_BOOT"] = worker_boot  # for pool processes however started
+    os.environ["INFRAOPS_WORKER_NAME"] = str(getattr(sender, "hostname", "") or "")
+
+
+def this_boot() -> tuple[str, str]:
+    """(worker nodename, boot token) of the worker this process belongs to; '' outside one."""
+    return (os.environ.get("INFRAOPS_WORKER_NAME", ""),
+            worker_boot or os.environ.get("INFRAOPS_WORKER_BOOT", ""))
 
 
 @worker_ready.connect
@@ -34,14 +121,23 @@ def _start_heartbeat(sender: Any, **kwargs: Any) -> None:
 
     queues = sorted(q.name for q in sender.app.amqp.queues.consume_from.values())
     global _heartbeat
-    _heartbeat = Heartbeat(sender.hostname, queues)
+    _heartbeat = Heartbeat(sender.hostname, queues, boot=worker_boot)
     _heartbeat.start()
+    controller = getattr(sender, "controller", None)
+    if controller is not None and _is_prefork(controller.pool_cls):
+        from infraops.orphans import OrphanReaper
+
+        global _orphans
+        _orphans = OrphanReaper(lambda: _pool_processes(controller.pool))
+        _orphans.start()
 
 
 @worker_shutdown.connect
 def _stop_heartbeat(sender: Any, **kwargs: Any) -> None:
     if _heartbeat is not None:
         _heartbeat.stop()
+    if _orphans is not None:
+        _orphans.stop()
 
 
 @task_prerun.connect
@@ -52,6 +148,12 @@ def _recycle_database_connections(**kwargs: Any) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+@worker_process_init.connect
+def _wait_for_the_broker_when_queueing(**kwargs: Any) -> None:
+    app.conf.task_publish_retry_policy = WORKER_PUBLISH_RETRY_POLICY
+    app.amqp.__dict__.pop("send_task_message", None)  # built from the policy once, lazily
 
 
 @worker_process_init.connect

@@ -3,99 +3,337 @@
 The client says the last sequence number it has, on every connect, so a reconnect catches
 up; a group message only says there is more. Rows always come from the database, so a
 dropped notification costs latency, never a line.
+
+Every socket (GuardedConsumer) also:
+- re-checks its session and its user's roles every RECHECK_SECONDS and before each send, and
+  closes (4401 signed out, 4403 no longer allowed) once the session is gone (logout, expiry,
+  another sign-in on the browser, a password change) or the user lost every role or the
+  right to the object;
+- refuses client frames over MAX_CLIENT_FRAME bytes (close 1009) and ignores malformed or
+  absurdly nested JSON, staying open;
+- never sends a frame over MAX_SERVER_FRAME bytes: fewer rows per frame, and when even one
+  row is too big, a `<template data-live-fetch>` frame that tells the page
+  (static/js/live-log.js) to fetch the rows over HTTP and then say where it is again.
+
+Backpressure (docs/reliability.md W4): a group message only wakes the socket's one sender
+task and returns, so notifications never pile up behind a slow client (the pub/sub channel
+layer's queue per channel has no bound). The sender reads rows from the database at the pace
+the client takes them (the server's send waits while the client's TCP window is full), so
+the server holds at most one frame per socket and the client's transcript stays complete.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
+from importlib import import_module
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY
+from django.contrib.auth.models import User
 from django.template.loader import render_to_string
+from django.utils.crypto import constant_time_compare
+from django.utils.html import format_html
 
+from infraops.access import has_any_access, scoped
 from infraops.models import Experiment, ExperimentLog
-from infraops.roles import user_roles
 from infraops.services.results import experiment_group
 
+log = logging.getLogger(__name__)
+
 BATCH = 200
+RECHECK_SECONDS = 2.0  # a revoked session or role closes the socket within this (plus a query)
+MAX_CLIENT_FRAME = 64 * 1024  # bytes; the pages send {"after": n}
+MAX_SERVER_FRAME = 256 * 1024  # bytes of one frame the server sends
+CURSOR_MAX = 2**31 - 1  # a PositiveIntegerField's top: a larger 'after' means 'after all'
+
+CLOSE_SIGNED_OUT = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_TOO_BIG = 1009  # RFC 6455: message too big
+CLOSE_SERVER_ERROR = 1011  # RFC 6455: the server met a condition it could not handle
 
 
-class SequencedLogConsumer(AsyncWebsocketConsumer):
+def _frame_bytes(text: str) -> int:
+    return len(text.encode(errors="surrogatepass"))
+
+
+class GuardedConsumer(AsyncWebsocketConsumer):
+    """A socket for one signed-in user with a role, for as long as that stays true."""
+
+    user_id: int | None = None
+    session_key: str | None = None
+    _watch_task: asyncio.Task[None] | None = None
+    _closing = False
+
+    def may_view(self, user: Any) -> bool:
+        """The object-level check (the socket's object exists and the user sees its target:
+        infraops.access.scoped)."""
+        return True
+
+    # --- the session and roles, at connect and then periodically ----------------------
+
+    def _session_user(self) -> User | None:
+        """The user whose session this socket rode in on, while that session still signs
+        them in (the same check django.contrib.auth.get_user makes), else None."""
+        if not self.session_key or self.user_id is None:
+            return None
+        store = import_module(settings.SESSION_ENGINE).SessionStore(session_key=self.session_key)
+        data = store.load()  # {} once the session was flushed (logout) or expired
+        if str(data.get(SESSION_KEY)) != str(self.user_id):
+            return None
+        if data.get(BACKEND_SESSION_KEY) not in settings.AUTHENTICATION_BACKENDS:
+            return None
+        user = User.objects.filter(pk=self.user_id, is_active=True).first()
+        if user is None:
+            return None
+        session_hash = data.get(HASH_SESSION_KEY)
+        if not session_hash or not constant_time_compare(str(session_hash),
+                                                         user.get_session_auth_hash()):
+            return None  # the password changed: Django signs the session out
+        return user
+
+    def _access(self) -> int | None:
+        """None while the socket may stay open, else the close code."""
+        user = self._session_user()
+        if user is None:
+            return CLOSE_SIGNED_OUT
+        if not has_any_access(user) or not self.may_view(user):
+            return CLOSE_FORBIDDEN
+        return None
+
+    async def guard_connect(self) -> bool:
+        """Accept the socket if its user may have it; else close it. True when accepted."""
+        user = self.scope.get("user")
+        session = self.scope.get("session")
+        if user is not None and user.is_authenticated and session is not None:
+            self.user_id = user.pk
+            self.session_key = session.session_key
+        denied = await database_sync_to_async(self._access)()
+        if denied is not None:
+            await self.close(code=CLOSE_FORBIDDEN)
+            return False
+        await self.accept()
+        self._watch_task = asyncio.create_task(self._watch())
+        return True
+
+    async def _watch(self) -> None:
+        while not self._closing:
+            await asyncio.sleep(RECHECK_SECONDS)
+            if await self.still_allowed():
+                continue
+            return
+
+    async def still_allowed(self) -> bool:
+        """Check now; close the socket when it may no longer stay open."""
+        if self._closing:
+            return False
+        try:
+            denied = await database_sync_to_async(self._access)()
+        except Exception:  # a database hiccup: keep the socket, check again next time
+            log.exception("websocket access re-check failed")
+            return True
+        if denied is None:
+            return True
+        await self._close_once(denied)
+        return False
+
+    async def _close_once(self, code: int) -> None:
+        if not self._closing:
+            self._closing = True
+            await self.close(code=code)
+
+    async def guarded_send(self, text: str) -> bool:
+        """Send a frame if the socket may still have it. False when it was closed instead."""
+        if not await self.still_allowed():
+            return False
+        if _frame_bytes(text) > MAX_SERVER_FRAME:  # the callers keep under it; never send one
+            log.error("refused to send a %d-byte websocket frame", _frame_bytes(text))
+            return False
+        await self.send(text_data=text)
+        return True
+
+    async def disconnect(self, code: int) -> None:
+        self._closing = True
+        task = self._watch_task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    # --- client frames --------------------------------------------------------------------
+
+    async def websocket_receive(self, message: dict[str, Any]) -> None:
+        text, data = message.get("text"), message.get("bytes")
+        size = _frame_bytes(text) if text is not None else len(data or b"")
+        if size > MAX_CLIENT_FRAME:
+            await self._close_once(CLOSE_TOO_BIG)
+            return
+        if self._closing:
+            return
+        await super().websocket_receive(message)
+
+
+def parse_after(text_data: str | None) -> int | None:
+    """The n of a client's {"after": n} (0 to CURSOR_MAX), or None for anything else:
+    malformed JSON, absurd nesting, another shape, a number that is not an integer."""
+    if not text_data:
+        return None
+    try:
+        message = json.loads(text_data)
+    except (ValueError, RecursionError):  # RecursionError: '[[[[…' deeper than the parser
+        return None
+    if not isinstance(message, dict):
+        return None
+    after = message.get("after")
+    if not isinstance(after, int) or isinstance(after, bool):
+        return None
+    return min(max(after, 0), CURSOR_MAX)
+
+
+class SequencedLogConsumer(GuardedConsumer):
     """Subclasses name the group, check access and render the rows after a number."""
 
     object_id: int
     last_sent: int
     client_ready: bool  # the client sent {"after": n}: only then do notifications send rows
+    requested: int | None  # the client's latest {"after": n}, taken up by the sender task
+    _wake: asyncio.Event
+    _sender: asyncio.Task[None] | None = None
+    fetch_upto: int  # rows up to this number were handed to the page to fetch over HTTP
+    http_url: str = ""  # where the page fetches rows that do not fit a frame
+    refresh_ids: tuple[str, ...] = ()  # elements the page re-reads from that fetch
 
     def group(self) -> str:
         raise NotImplementedError
 
-    def may_view(self, user: Any) -> bool:
+    def render_after(self, after: int, limit: int = BATCH) -> tuple[str, int]:
+        """HTML for up to `limit` rows after `after`, and the last number rendered."""
         raise NotImplementedError
 
-    def render_after(self, after: int) -> tuple[str, int]:
-        """HTML for up to BATCH rows after `after`, and the last number rendered."""
+    def last_seq(self) -> int:
+        """The number of the newest row now."""
         raise NotImplementedError
 
     async def connect(self) -> None:
         self.object_id = int(self.scope["url_route"]["kwargs"]["pk"])
         self.last_sent = 0
         self.client_ready = False
-        user = self.scope.get("user")
-        allowed = await database_sync_to_async(
-            lambda: bool(user and user.is_authenticated and user_roles(user)
-                         and self.may_view(user)))()
-        if not allowed:
-            await self.close(code=4403)
-            return
-        await self.channel_layer.group_add(self.group(), self.channel_name)
-        await self.accept()
+        self.fetch_upto = 0
+        self.requested = None
+        self._wake = asyncio.Event()
+        if await self.guard_connect():
+            await self.channel_layer.group_add(self.group(), self.channel_name)
+            self._sender = asyncio.create_task(self._send_loop())
 
     async def disconnect(self, code: int) -> None:
+        await super().disconnect(code)
+        task = self._sender
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         if hasattr(self, "object_id"):
             await self.channel_layer.group_discard(self.group(), self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        try:
-            message = json.loads(text_data or "{}")
-            after = message.get("after", 0)
-        except (ValueError, AttributeError):
+        after = parse_after(text_data)
+        if after is None:
             return  # a malformed message asks for nothing
-        if not isinstance(after, int) or isinstance(after, bool):
-            return
-        self.last_sent = max(after, 0)
-        self.client_ready = True
-        await self._send_new()
+        self.requested = after
+        self._wake.set()
 
     async def notify_new(self, event: dict[str, Any]) -> None:
+        """Wake the sender when there is more than the client has; never wait on the socket
+        here, or a slow client makes every later notification queue on the server."""
         # Not before the client said where it is: sending from 0 and then from its own number
         # would give it every row in between twice (seen on a run page that connected while
         # events arrived).
-        if self.client_ready and int(event.get("upto", 0)) > self.last_sent:
-            await self._send_new()
+        try:
+            upto = int(event.get("upto", 0))
+        except (TypeError, ValueError):
+            upto = CURSOR_MAX
+        if self.client_ready and upto > self.last_sent:
+            self._wake.set()
+
+    async def _send_loop(self) -> None:
+        """The socket's only writer of rows: any number of wake-ups while it sends become
+        one more pass over the database."""
+        while not self._closing:
+            await self._wake.wait()
+            self._wake.clear()
+            if self.requested is not None:
+                # Rows the page was told to fetch over HTTP are not offered again, even when
+                # the fetch did not bring them (the page has its HTTP answer): no fetch loop.
+                self.last_sent = max(self.requested, self.fetch_upto)
+                self.requested = None
+                self.client_ready = True
+            try:
+                await self._send_new()
+            except Exception:  # a database or socket fault: the page reconnects and resumes
+                if self._closing:
+                    return
+                log.exception("websocket sender failed; closing the socket")
+                await self._close_once(CLOSE_SERVER_ERROR)
+                return
 
     async def _send_new(self) -> None:
-        while True:
-            html, last = await database_sync_to_async(self.render_after)(self.last_sent)
+        limit = BATCH
+        while self.client_ready and not self._closing:
+            html, last = await database_sync_to_async(self.render_after)(self.last_sent, limit)
             if not html:
                 return
+            if _frame_bytes(html) > MAX_SERVER_FRAME:
+                rendered = max(last - self.last_sent, 1)  # rows are numbered 1, 2, 3...
+                if min(limit, rendered) > 1:
+                    limit = max(min(limit, rendered) // 2, 1)  # fewer rows per frame
+                    continue
+                await self._send_fetch()  # one row alone does not fit: over HTTP
+                return
+            if not await self.guarded_send(html):
+                return
             self.last_sent = last
-            await self.send(text_data=html)
+            limit = BATCH
+
+    async def _send_fetch(self) -> None:
+        """Tell the page to fetch the rows after last_sent over HTTP; stream nothing more
+        until it says where it is again."""
+        upto = await database_sync_to_async(self.last_seq)()
+        frame = format_html(
+            '<template data-live-fetch data-after="{}" data-upto="{}" data-url="{}" '
+            'data-refresh="{}"></template>',
+            self.last_sent, upto, self.http_url, " ".join(self.refresh_ids))
+        if await self.guarded_send(str(frame)):
+            self.fetch_upto = max(self.fetch_upto, upto)
+            self.client_ready = False
 
 
 class ExperimentLogConsumer(SequencedLogConsumer):
     log_lines = SequencedLogConsumer.notify_new
+    refresh_ids = ("experiment-status",)
+
+    async def connect(self) -> None:
+        self.http_url = f"/experiments/{int(self.scope['url_route']['kwargs']['pk'])}/"
+        await super().connect()
 
     def group(self) -> str:
         return experiment_group(self.object_id)
 
     def may_view(self, user: Any) -> bool:
-        return Experiment.objects.filter(pk=self.object_id).exists()
+        return scoped(Experiment.objects.filter(pk=self.object_id), user).exists()
 
-    def render_after(self, after: int) -> tuple[str, int]:
+    def last_seq(self) -> int:
+        last = (ExperimentLog.objects.filter(experiment_id=self.object_id)
+                .order_by("-seq").values_list("seq", flat=True).first())
+        return int(last or 0)
+
+    def render_after(self, after: int, limit: int = BATCH) -> tuple[str, int]:
         rows = list(ExperimentLog.objects.filter(experiment_id=self.object_id, seq__gt=after)
-                    .order_by("seq")[:BATCH])
+                    .order_by("seq")[:limit])
         if not rows:
             return "", after
         experiment = Experiment.objects.get(pk=self.object_id)

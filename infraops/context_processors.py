@@ -12,18 +12,20 @@ from typing import Any
 from django.http import HttpRequest
 from django.utils.functional import SimpleLazyObject
 
-from infraops.roles import user_roles
-from reviews.live import awaiting_for
+from infraops.access import request_roles
+from reviews.live import awaiting_count, reviewer_classes
 
 
 def infraops(request: HttpRequest) -> dict[str, Any]:
-    return {"user_roles": SimpleLazyObject(lambda: user_roles(request.user)),
+    return {"user_roles": SimpleLazyObject(lambda: request_roles(request)),
             "review_queue_count": _queue_count(request)}
 
 
 def _queue_count(request: HttpRequest) -> Callable[[], int]:
     # A callable: the template engine calls it where the navigation is drawn, not before.
     def count() -> int:
-        return awaiting_for(request.user).count() if request.user.is_authenticated else 0
+        if not request.user.is_authenticated:
+            return 0
+        return awaiting_count(request, reviewer_classes(request.user))
 
     return count

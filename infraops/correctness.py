@@ -1,12 +1,23 @@
 """Correctness feedback: per-case comparison of reference and candidate outputs. Pure: numpy only.
 
 A probe writes one output per case into ``INFRAOPS_OUT/outputs/``: ``<case>.npy`` (an array) or
-``<case>.json`` (any JSON value), and optionally ``<case>.meta.json`` = ``{"size": 4096}``, the
-size the case ran at (a context length, a batch). Two such folders, written by the same probe on
-the same inputs under two variants (``cp=off`` as the reference, ``cp=on`` as the candidate) or on
-the baseline and the candidate commit, are compared case by case:
+``<case>.json`` (any JSON value). Two such folders, written by the same probe on the same inputs
+under two variants (``cp=off`` as the reference, ``cp=on`` as the candidate) or on the baseline and
+the candidate commit, are compared case by case.
+
+A case may carry the size it ran at (a context length, a batch), given in any of three ways; the
+first that yields a finite number (not a boolean) wins, in this order:
+
+1. ``<case>.meta.json`` = ``{"size": 4096}``: the reference's, else the candidate's;
+2. a ``"size"`` field of the case's JSON output when that output is an object
+   (``<case>.json`` = ``{"size": 4096, "logits": [...]}``): the reference's, else the
+   candidate's. The reference is the trusted side; the candidate's is the fallback. The field
+   stays part of the compared output;
+3. ``sizes[case]``, passed to ``compare_output_dirs`` by the caller: typically
+   ``sizes_from_labels`` over the probe's metric rows, for rows labelled ``{"size": 4096}``.
 
 - ``compare_output_dirs`` pairs the files by case name and returns one ``CaseComparison`` each;
+- ``sizes_from_labels`` turns metric rows' ``size`` labels into that ``sizes`` mapping;
 - ``compare_arrays`` / ``compare_json`` compare one pair with ``numpy.isclose`` semantics:
   an element matches when ``|candidate - reference| <= atol + rtol * |reference|``, NaN matches
   NaN at the same place, an infinity matches the same infinity;
@@ -27,7 +38,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import IO, Any, TypeVar, cast
@@ -227,24 +238,49 @@ def compare_output_dirs(
     names are ignored. A case present on one side only is ``missing-reference`` or
     ``missing-candidate``; an unreadable file (symlink, oversize, not a regular file, bad
     content, both a ``.npy`` and a ``.json``) makes the case ``unreadable`` with the reason; an
-    array on one side and JSON on the other is a ``dtype-mismatch``. A case's size comes from
-    ``sizes`` if named there, else from the reference's meta file, else the candidate's; a
-    malformed meta file gives no size. A folder that does not exist holds no cases; raises
-    ValueError when a folder is a symlink or not a folder.
+    array on one side and JSON on the other is a ``dtype-mismatch``.
+
+    A case's size is the first usable one of: the reference's meta file, the candidate's; the
+    ``"size"`` field of the reference's JSON output (when it is an object), the candidate's;
+    ``sizes[case]``. A usable size is a finite number, not a boolean; anything else (a malformed
+    meta file, ``"size": "4096"``, NaN) is passed over for the next source, and a case that none
+    of them sizes has size None. A folder that does not exist holds no cases; raises ValueError
+    when a folder is a symlink or not a folder.
     """
     _check_tolerances(rtol, atol)
     with _Folder(reference_dir, "reference") as ref, _Folder(candidate_dir, "candidate") as cand:
         cases = sorted(set(ref.outputs) | set(cand.outputs), key=_natural_key)
-        result = []
-        for case in cases:
-            size = float(sizes[case]) if sizes and case in sizes else None
-            if size is None:
-                size = ref.meta_size(case)
-            if size is None:
-                size = cand.meta_size(case)
-            result.append(_compare_case(case, ref, cand, rtol=rtol, atol=atol, size=size,
-                                        max_bytes=max_bytes))
-        return result
+        return [
+            _compare_case(case, ref, cand, rtol=rtol, atol=atol,
+                          given=_finite_number(sizes.get(case)) if sizes else None,
+                          max_bytes=max_bytes)
+            for case in cases
+        ]
+
+
+def sizes_from_labels(rows: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, float]:
+    """Case -> size from metric rows' ``labels["size"]``, for ``compare_output_dirs(sizes=)``.
+
+    ``rows`` are (case, labels) pairs, one per metric row. A size is a finite number (not a
+    boolean) or a string spelling one in decimal (``"4096"``, ``" 1.5e3 "``); rows with an empty
+    case, no size or an unusable one are skipped. The first size seen for a case is kept while
+    later rows agree with it (equal as floats: ``4096`` and ``"4096.0"`` agree); a case given two
+    different sizes gets none at all, since which one is right cannot be told.
+    """
+    found: dict[str, float] = {}
+    conflicting: set[str] = set()
+    for case, labels in rows:
+        if not case or case in conflicting or not isinstance(labels, Mapping):
+            continue
+        size = _label_size(labels.get("size"))
+        if size is None:
+            continue
+        if case not in found:
+            found[case] = size
+        elif found[case] != size:
+            del found[case]
+            conflicting.add(case)
+    return found
 
 
 def error_series(
@@ -670,10 +706,10 @@ class _Folder:
             meta = _load(name, dir_fd=self.fd, label=name, max_bytes=META_MAX_BYTES)
         except ValueError:
             return None
-        size = meta.get("size") if isinstance(meta, dict) else None
-        if not _is_json_number(size) or not math.isfinite(cast(float, size)):
-            return None
-        return float(cast(float, size))
+        return _json_size(meta)
+
+    def only_json(self, case: str) -> bool:
+        return self.outputs.get(case) == [f"{case}.json"]
 
     def close(self) -> None:
         if self.fd is not None:
@@ -688,9 +724,25 @@ class _Folder:
 
 
 def _compare_case(
-    case: str, ref: _Folder, cand: _Folder, *, rtol: float, atol: float, size: float | None,
+    case: str, ref: _Folder, cand: _Folder, *, rtol: float, atol: float, given: float | None,
     max_bytes: int,
 ) -> CaseComparison:
+    paired = case in ref.outputs and case in cand.outputs
+    outputs: dict[str, object] = {}
+    errors: dict[str, str] = {}
+    for side in (ref, cand):
+        # A lone output is read only when it is JSON: only then can it carry the size.
+        if case in side.outputs and (paired or side.only_json(case)):
+            try:
+                outputs[side.role] = side.load(case, max_bytes)
+            except ValueError as error:
+                errors[side.role] = str(error)
+    size = _first_size(
+        lambda: ref.meta_size(case), lambda: cand.meta_size(case),
+        lambda: _json_size(outputs.get("reference")),
+        lambda: _json_size(outputs.get("candidate")), lambda: given,
+    )
+
     def missing(status: str, side: str) -> CaseComparison:
         return _unpaired(case, status, size,
                          f"the {side} wrote no output ({case}.npy or {case}.json)")
@@ -699,13 +751,10 @@ def _compare_case(
         return missing("missing-reference", "reference")
     if case not in cand.outputs:
         return missing("missing-candidate", "candidate")
-    outputs = []
-    for side in (ref, cand):
-        try:
-            outputs.append(side.load(case, max_bytes))
-        except ValueError as error:
-            return _unpaired(case, "unreadable", size, f"the {side.role} output: {error}")
-    reference, candidate = outputs
+    if errors:
+        role, reason = next(iter(errors.items()))  # the reference's first
+        return _unpaired(case, "unreadable", size, f"the {role} output: {reason}")
+    reference, candidate = outputs["reference"], outputs["candidate"]
     ref_array, cand_array = isinstance(reference, np.ndarray), isinstance(candidate, np.ndarray)
     if ref_array and cand_array:
         return compare_arrays(case, cast(npt.NDArray[Any], reference),
@@ -770,6 +819,44 @@ def _max(current: _N | None, new: _N | None) -> _N | None:
     if new is None:
         return current
     return new if current is None or new > current else current
+
+
+_DECIMAL_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def _finite_number(value: object) -> float | None:
+    """A finite int or float (numpy's too) as a float; None for anything else, booleans and
+    integers beyond float range included."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float range
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _json_size(value: object) -> float | None:
+    """The size in a meta file or a JSON output: a finite number at the key "size" of an
+    object."""
+    return _finite_number(value.get("size")) if isinstance(value, dict) else None
+
+
+def _label_size(value: object) -> float | None:
+    """A size label: a finite number, or a string spelling one in decimal."""
+    if isinstance(value, str):
+        text = value.strip()
+        return _finite_number(float(text)) if _DECIMAL_RE.fullmatch(text) else None
+    return _finite_number(value)
+
+
+def _first_size(*sources: Callable[[], float | None]) -> float | None:
+    """The first size a source yields; the later sources (files to read) are not consulted."""
+    for source in sources:
+        size = source()
+        if size is not None:
+            return size
+    return None
 
 
 def _float_or_none(value: float | None) -> float | None:

@@ -10,24 +10,37 @@ Contract:
   ``[[probe]]`` / ``[[knob]]`` tables from 1 in file order), ``risk.<name>`` and
   ``(top level)``.
 
-The file format (see ARCHITECTURE.md, "The feedback contract"; ``metrics``, ``files`` and
+The file format (see docs/feedback-contract.md; ``metrics``, ``files`` and
 ``always`` are our extensions)::
 
     [[probe]]
     name = "decode-bench"            # letters, digits, '.', '_', '-'
     layer = "performance"            # correctness | behaviour | performance | e2e
     command = "python bench/decode.py"
-    metrics = ["tokens_per_s"]       # required: what it writes to metrics.jsonl
+    metrics = ["tokens_per_s"]       # what it writes to metrics.jsonl (see below)
     cost = 2                         # whole number, lower runs first (default 1)
     timeout = 900                    # seconds (default 600)
     covers = ["src/kernels/**"]      # repo-relative globs (default ["**"])
     variants = {cp = ["off", "on"]}  # matrix; values become strings
-    compare = [{reference = {cp = "off"}, candidate = {cp = "on"}, rtol = 1e-5, atol = 1e-6}]
+    compare = {reference = {cp = "off"}, candidate = {cp = "on"}, rtol = 1e-5, atol = 1e-6}
     repeat = 5                       # default 1, or 5 for performance and e2e
     requires = ["gpu"]
     measure = "wall"                 # wall | instructions
+    warmup = 1                       # executions a side before the samples (default 1)
+    plausible_speedup = 5            # a faster candidate fails as implausible (default 5)
+    processes = 64                   # sandbox limits of one execution, within the operator's
+    memory_mb = 2048                 # maxima (defaults: the sandbox's, see infraops/sandbox.py):
+    disk_mb = 1024                   # processes, total memory, what it writes (work tree + output)
     always = false                   # run even when covers misses the change
     files = ["bench/decode.py"]      # the probe's own files, protected from agent edits
+
+    # metrics: required (a non-empty array) for the behaviour, performance and e2e layers;
+    # optional for layer = "correctness", whose verdict comes from outputs/ (default: none;
+    # metrics = [] means none too). Checked once the layer itself is valid.
+    # compare: one table, as above, or an array of them for several rules:
+    #   compare = [{reference = {cp = "off"}, candidate = {cp = "on"}}, {...}]
+    # Both forms parse to the same tuple of Compare. Problems name the field compare.<key>
+    # for the single table and compare[N].<key> for the N-th table of an array.
 
     [[knob]]
     name = "block-size"
@@ -68,6 +81,12 @@ DEFAULT_COVERS = ("**",)
 NOISY_LAYERS = ("performance", "e2e")
 DEFAULT_REPEAT_NOISY = 5
 DEFAULT_REPEAT = 1
+# The first execution of each side pays one-time costs (bytecode compilation in a fresh
+# checkout, cold caches): +3.6% to +22% instructions measured; run and kept, never a sample.
+DEFAULT_WARMUP = 1
+MAX_WARMUP = 10
+# A speed-up beyond this factor fails as implausible unless the probe raises the bound.
+DEFAULT_PLAUSIBLE_SPEEDUP = 5.0
 # numpy.allclose's defaults, so that a compare entry without tolerances means what people expect.
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-8
@@ -79,8 +98,10 @@ _DECIMALS = Context(prec=80)
 TOP_LEVEL_KEYS = ("probe", "knob", "risk")
 PROBE_KEYS = (
     "name", "layer", "command", "metrics", "cost", "timeout", "covers", "variants", "compare",
-    "repeat", "requires", "measure", "always", "files", "higher_is_better",
+    "repeat", "requires", "measure", "always", "files", "higher_is_better", "warmup",
+    "plausible_speedup", "processes", "memory_mb", "disk_mb",
 )
+SANDBOX_LIMIT_KEYS = ("processes", "memory_mb", "disk_mb")
 COMPARE_KEYS = ("reference", "candidate", "rtol", "atol")
 KNOB_KEYS = ("name", "file", "pattern", "values", "range", "description")
 RISK_KEYS = ("category", "reason", "paths", "patterns")
@@ -95,6 +116,23 @@ _REQUIREMENT_RULE = "letters, digits, '_' or '-', starting with a letter or digi
 _GLOB_CHARS = frozenset("*?[")
 
 _NAME_RULE = "letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+# Column limits (characters) of the stored rows manifest values are copied into, checked at
+# parse time so that a valid manifest never overflows a column in a worker. The module is pure,
+# so these are constants; tests/infraops/test_manifest_limits.py holds them equal to the
+# models' max_length.
+# Probe names: ProbeExecution.probe, Sample.probe, Goal.probe, AcceptanceCriterion.probe.
+MAX_PROBE_NAME = 100
+# Metric names: Sample.metric, Goal.metric, AcceptanceCriterion.metric (and
+# Experiment.margin_metric, "probe.metric", holds MAX_PROBE_NAME + 1 + MAX_METRIC_NAME).
+MAX_METRIC_NAME = 100
+# A variant cell as variant_key writes it, "k=v,k2=v2": ProbeExecution.variant, Sample.variant,
+# AcceptanceCriterion.variant and reference_variant.
+MAX_VARIANT_CELL = 200
+# The queue an experiment is sent to, "experiments" + ".<requirement>" per distinct requirement
+# of its probes (services.experiments.queue_for): Experiment.queue.
+MAX_QUEUE_NAME = 100
+QUEUE_PREFIX = "experiments"
 
 
 # --- Parsed data ---------------------------------------------------------------------------
@@ -144,12 +182,13 @@ class Compare:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Probe:
     """One ``[[probe]]``. ``repeat`` has no dataclass default because the parser's default
-    depends on the layer. Not hashable (``variants`` is a dict)."""
+    depends on the layer. The parser leaves ``metrics`` empty only for a correctness probe that
+    lists none and does not measure instructions. Not hashable (``variants`` is a dict)."""
 
     name: str
     layer: str
     command: str
-    metrics: tuple[str, ...]
+    metrics: tuple[str, ...] = ()
     repeat: int
     cost: int = DEFAULT_COST
     timeout: float = DEFAULT_TIMEOUT
@@ -161,6 +200,11 @@ class Probe:
     always: bool = False
     files: tuple[str, ...] = ()
     higher_is_better: tuple[str, ...] = ()
+    warmup: int = DEFAULT_WARMUP
+    plausible_speedup: float = DEFAULT_PLAUSIBLE_SPEEDUP
+    processes: int | None = None  # None: the sandbox's default
+    memory_mb: int | None = None
+    disk_mb: int | None = None
 
     def direction(self, metric: str) -> str:
         """'maximize' for the metrics listed in higher_is_better, else 'minimize'."""
@@ -657,11 +701,24 @@ def _parse_probes(raw: object, root: _Table, locator: _Locator) -> tuple[Probe, 
         return ()
     probes: list[Probe] = []
     first_seen: dict[str, tuple[str, int | None]] = {}
+    requirements: set[str] = set()
     for index, table in _array_of_tables(raw, "probe", root, ""):
         name = table.get("name")
         label = f"probe[{index}] {name!r}" if isinstance(name, str) and name else f"probe[{index}]"
         report = _table_for(root, locator, ("probe",), label, index)
         probe = _parse_probe(table, report)
+        if probe is not None and not requirements.issuperset(probe.requires):
+            before = _queue_length(requirements)
+            requirements.update(probe.requires)
+            if _queue_length(requirements) > MAX_QUEUE_NAME >= before:
+                report.report(
+                    "requires",
+                    f"the requirements of the probes up to this one make the queue name "
+                    f"{_clip(_queue_name(requirements))} {_queue_length(requirements)} "
+                    f"characters, over the {MAX_QUEUE_NAME} it is stored in (Experiment.queue: "
+                    f"{QUEUE_PREFIX!r} and '.<requirement>' for each distinct requirement); use "
+                    "shorter or fewer requirements",
+                )
         if isinstance(name, str) and name:
             if name in first_seen:
                 other, other_line = first_seen[name]
@@ -674,13 +731,22 @@ def _parse_probes(raw: object, root: _Table, locator: _Locator) -> tuple[Probe, 
     return tuple(probes)
 
 
+def _queue_name(requirements: Iterable[str]) -> str:
+    """As services.experiments.queue_for names it."""
+    return QUEUE_PREFIX + "".join(f".{req}" for req in sorted(set(requirements)))
+
+
+def _queue_length(requirements: Iterable[str]) -> int:
+    return len(_queue_name(requirements))
+
+
 def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
     before = report.count()
     _check_keys(raw, PROBE_KEYS, report, "probe key")
-    name = _name(raw, "name", report)
+    name = _name(raw, "name", report, limit=(MAX_PROBE_NAME, "probe names"))
     layer = _choice(raw, "layer", LAYERS, report, default=None)
     command = _text(raw, "command", report, required=True)
-    metrics = _strings(raw, "metrics", report, required=True, what="metric name")
+    metrics = _metrics(raw, layer, report)
     cost = _whole(raw, "cost", report, default=DEFAULT_COST, positive=False)
     timeout = _seconds(raw, "timeout", report)
     covers = _globs(raw, "covers", report, default=DEFAULT_COVERS)
@@ -695,13 +761,25 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
         raw, "requires", report, what="requirement", shape=(_REQUIREMENT_RE, _REQUIREMENT_RULE),
     )
     measure = _choice(raw, "measure", MEASURES, report, default="wall")
+    warmup = _whole(raw, "warmup", report, default=DEFAULT_WARMUP, positive=False)
+    if not 0 <= warmup <= MAX_WARMUP:
+        report.report("warmup", f"warmup must be a whole number from 0 to {MAX_WARMUP}, "
+                                f"got {warmup}")
+    speedup = raw.get("plausible_speedup", DEFAULT_PLAUSIBLE_SPEEDUP)
+    if not _is_number(speedup) or not math.isfinite(speedup) or speedup <= 1:
+        report.report("plausible_speedup", "plausible_speedup must be a number above 1 (a "
+                      f"factor: 5 means 5x faster), got {_show(speedup)}")
+        speedup = DEFAULT_PLAUSIBLE_SPEEDUP
     always = _flag(raw, "always", report)
+    limits = {key: _whole(raw, key, report, default=1, positive=True) if key in raw else None
+              for key in SANDBOX_LIMIT_KEYS}  # maxima are the host's: checked when it runs
     files = _globs(raw, "files", report, default=())
     higher = _strings(raw, "higher_is_better", report, what="metric name")
     for metric in higher:
         if metric not in metrics:
+            listed = f"({', '.join(metrics)})" if metrics else "(it lists none)"
             report.report("higher_is_better",
-                          f"{metric!r} is not one of this probe's metrics ({', '.join(metrics)})")
+                          f"{metric!r} is not one of this probe's metrics {listed}")
     if raw.get("covers") == [] and not always:
         report.report(
             "covers",
@@ -719,7 +797,32 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
         name=name, layer=layer, command=command, metrics=metrics, repeat=repeat, cost=cost,
         timeout=timeout, covers=covers, variants=variants, compare=compare, requires=requires,
         measure=measure or "wall", always=always, files=files, higher_is_better=higher,
+        warmup=warmup, plausible_speedup=float(speedup), **limits,
     )
+
+
+def _metrics(raw: Mapping[str, Any], layer: str | None, report: _Table) -> tuple[str, ...]:
+    """The metric names; required (non-empty) unless the layer is correctness. An invalid or
+    missing layer is reported on its own, so whether metrics are required is left unjudged."""
+    metrics = _strings(raw, "metrics", report, what="metric name")
+    for metric in metrics:
+        _fits(metric, MAX_METRIC_NAME, "metric names", "metrics", report, what="metric name")
+    if layer is None or layer == "correctness" or metrics:
+        return metrics
+    value = raw.get("metrics")
+    optional = "(only correctness probes may leave it out)"
+    if value is None:
+        report.report(
+            "metrics",
+            f"metrics is required for a {layer} probe: a non-empty array of the metric names "
+            f"it writes to metrics.jsonl, e.g. metrics = [\"tokens_per_s\"] {optional}",
+        )
+    elif isinstance(value, list) and not value:
+        report.report(
+            "metrics", f"metrics must list at least one metric name for a {layer} probe "
+                       f"{optional}",
+        )
+    return metrics
 
 
 def _variants(raw: Mapping[str, Any], report: _Table) -> dict[str, tuple[str, ...]] | None:
@@ -756,18 +859,56 @@ def _variants(raw: Mapping[str, Any], report: _Table) -> dict[str, tuple[str, ..
         strings = _scalar_list(values, field, report, line=line, what="variant value")
         if strings is not None:
             variants[key] = strings
+    if report.count() == before:
+        _variant_cells_fit(variants, report)
     return variants if report.count() == before else None
+
+
+def _variant_cells_fit(variants: dict[str, tuple[str, ...]], report: _Table) -> None:
+    """Every cell of the matrix, written as variant_key does ('k=v,k2=v2'), fits the
+    MAX_VARIANT_CELL-character columns it is stored in. A value too long on its own is named
+    on its key's line; otherwise the longest cell is named."""
+    if not variants:
+        return
+    before = report.count()
+    for key, values in variants.items():
+        for value in values:
+            if len(key) + 1 + len(value) > MAX_VARIANT_CELL:
+                report.report(
+                    f"variants.{key}",
+                    f"variant value {_clip(value)} is {len(value)} characters: a variant cell "
+                    f"is stored as 'key=value,...' in columns of {MAX_VARIANT_CELL} characters "
+                    f"(ProbeExecution.variant), and {key}=<value> alone is "
+                    f"{len(key) + 1 + len(value)}; shorten the value",
+                    line=report.line_within("variants", key),
+                )
+    if report.count() > before:
+        return
+    widest = {key: max(values, key=len) for key, values in variants.items()}
+    cell = ",".join(f"{key}={widest[key]}" for key in sorted(widest))
+    if len(cell) > MAX_VARIANT_CELL:
+        report.report(
+            "variants",
+            f"the longest variant cell, {_clip(cell)}, is {len(cell)} characters: cells are "
+            f"stored as 'key=value,...' in columns of {MAX_VARIANT_CELL} characters "
+            "(ProbeExecution.variant); shorten variant keys or values, or use fewer keys",
+        )
 
 
 def _compares(
     raw: Mapping[str, Any], variants: dict[str, tuple[str, ...]] | None, report: _Table,
 ) -> tuple[Compare, ...] | None:
-    entries = raw.get("compare", [])
+    """One table (``compare = {reference = ..., candidate = ...}`` or ``[probe.compare]``) or
+    an array of them; either way a tuple of Compare, one per table."""
+    raw_compare = raw.get("compare", [])
+    single = isinstance(raw_compare, dict)
+    entries = [raw_compare] if single else raw_compare
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         report.report(
             "compare",
-            "compare must be an array of tables, e.g. compare = [{reference = {cp = \"off\"}, "
-            f"candidate = {{cp = \"on\"}}, rtol = 1e-5, atol = 1e-6}}]; got {_show(entries)}",
+            "compare must be a table, e.g. compare = {reference = {cp = \"off\"}, "
+            "candidate = {cp = \"on\"}, rtol = 1e-5, atol = 1e-6}, or an array of such tables "
+            f"for several rules, compare = [{{...}}, {{...}}]; got {_show(raw_compare)}",
         )
         return None
     before = report.count()
@@ -775,7 +916,7 @@ def _compares(
     # Entries appear in file order, so the k-th entry's key is that key's n-th occurrence.
     seen: dict[str, int] = dict.fromkeys(COMPARE_KEYS, 0)
     for index, entry in enumerate(entries, start=1):
-        field = f"compare[{index}]"
+        field = "compare" if single else f"compare[{index}]"
         lines: dict[str, int | None] = {}
         for key in entry:
             seen[key] = seen.get(key, 0) + 1
@@ -1027,12 +1168,35 @@ def _text(raw: Mapping[str, Any], key: str, report: _Table, *, required: bool) -
     return value
 
 
-def _name(raw: Mapping[str, Any], key: str, report: _Table) -> str | None:
+def _name(
+    raw: Mapping[str, Any], key: str, report: _Table, *, limit: tuple[int, str] | None = None,
+) -> str | None:
+    """A name; `limit` is (the column's length, what the column holds) when it is stored."""
     name = _text(raw, key, report, required=True)
     if name is not None and not _NAME_RE.fullmatch(name):
         report.report(key, f"{key} {name!r} must be {_NAME_RULE}")
         return None
+    if name is not None and limit is not None and not _fits(name, *limit, key, report, what=key):
+        return None
     return name
+
+
+def _fits(text: str, limit: int, column: str, field: str, report: _Table, *, what: str) -> bool:
+    """Whether `text` fits the `limit`-character column it is copied into; reported if not."""
+    if len(text) <= limit:
+        return True
+    report.report(
+        field, f"{what} {_clip(text)} is {len(text)} characters; {column} are stored in at most "
+               f"{limit}, shorten it",
+    )
+    return False
+
+
+def _clip(text: str, keep: int = 40) -> str:
+    """`text` quoted for a message, its middle elided when long."""
+    if len(text) <= keep:
+        return repr(text)
+    return repr(text[: keep // 2] + "..." + text[-(keep // 4):])
 
 
 def _choice(

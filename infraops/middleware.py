@@ -1,11 +1,18 @@
-"""Login everywhere, and a strict Content-Security-Policy on HTML responses."""
+"""Login everywhere, a strict Content-Security-Policy on HTML responses, and a 503 page while
+the database does not answer."""
 
 from __future__ import annotations
 
+import logging
+import sys
 from collections.abc import Callable
 
 from django.contrib.auth.views import redirect_to_login
+from django.core.signals import got_request_exception
+from django.db import InterfaceError, OperationalError
+from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
+from django.template import loader
 
 # Everything is served from our own origin: no CDN, no inline script.
 CSP = (
@@ -37,3 +44,63 @@ class ContentSecurityPolicyMiddleware:
         if response.get("Content-Type", "").startswith("text/html"):
             response.setdefault("Content-Security-Policy", CSP)
         return response
+
+
+# --- a database that does not answer ------------------------------------------------------
+
+DATABASE_ERRORS = (OperationalError, InterfaceError)
+RETRY_AFTER_SECONDS = 5
+_FAILED_ON = "_infraops_database_error"
+log = logging.getLogger(__name__)
+
+
+class DatabaseUnavailableMiddleware:
+    """A database that refuses, drops or times out connections gives the 503 page
+    (templates/503.html: no traceback, it reloads itself), never a 500. The next request after
+    the database is back works: Django closes a connection that failed when its request ends
+    (CONN_MAX_AGE = 0 closes every one; a pooled one goes back to the pool, which checks it).
+
+    First in MIDDLEWARE, so that it sees every response. A view's or a template's error comes
+    to process_exception; an error in another middleware (the session or the user read in
+    LoginRequiredMiddleware, a session save) has already become a 500 when it gets here, so
+    the got_request_exception receiver below marks the request and the 500 is replaced."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        try:
+            response = self.get_response(request)
+        except DATABASE_ERRORS as exc:  # Django turns errors into responses; in case it did not
+            return database_unavailable(request, exc)
+        failed = getattr(request, _FAILED_ON, None)
+        if response.status_code == 500 and isinstance(failed, DATABASE_ERRORS):
+            return database_unavailable(request, failed)
+        return response
+
+    def process_exception(self, request: HttpRequest,
+                          exception: Exception) -> HttpResponse | None:
+        if isinstance(exception, DATABASE_ERRORS):
+            return database_unavailable(request, exception)
+        return None
+
+
+def database_unavailable(request: HttpRequest, exc: BaseException) -> HttpResponse:
+    log.warning("database unavailable for %s %s: %s: %s", request.method, request.path,
+                type(exc).__name__, " ".join(str(exc).split())[:300])
+    body = loader.get_template("503.html").render({"retry_after": RETRY_AFTER_SECONDS})
+    response = HttpResponse(body, status=503)
+    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    response["Cache-Control"] = "no-store"
+    response.setdefault("Content-Security-Policy", CSP)
+    return response
+
+
+@receiver(got_request_exception)
+def _mark_database_error(sender: object, request: HttpRequest | None = None,
+                         **kwargs: object) -> None:
+    """Sent while Django turns an error into a 500: remember a database error on the request
+    for DatabaseUnavailableMiddleware."""
+    exc = sys.exc_info()[1]
+    if request is not None and isinstance(exc, DATABASE_ERRORS):
+        setattr(request, _FAILED_ON, exc)

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from infraops.manifest import Manifest, ManifestError, parse_manifest
+from infraops.manifest import Manifest, ManifestError, Probe, parse_manifest
+from infraops.roles import ROLES
 
 
 def _lines(text: str) -> list[str]:
@@ -60,6 +63,27 @@ class Target(models.Model):
             return None
 
 
+class TargetMembership(models.Model):
+    """Who may see a target, and in which role (infraops.access reads it). A non-superuser
+    sees only the targets they are a member of, with this role there; admins edit these rows
+    on the target's admin page."""
+
+    target = models.ForeignKey(Target, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="target_memberships")
+    role = models.CharField(max_length=20, choices=[(role, role) for role in ROLES])
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["target__name", "user__username"]
+        constraints = [
+            models.UniqueConstraint(fields=["target", "user"], name="membership_unique_per_target")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} on {self.target}: {self.role}"
+
+
 class Goal(models.Model):
     """What to improve. The editable head; every saved edit becomes a GoalVersion."""
 
@@ -85,6 +109,13 @@ class Goal(models.Model):
     )
     absolute_target = models.FloatField(
         null=True, blank=True, help_text="Wanted value of the metric, in its own unit."
+    )
+    min_effect = models.FloatField(
+        "smallest meaningful effect", null=True, blank=True,
+        validators=[MinValueValidator(0.0001), MaxValueValidator(0.5)],
+        help_text="A relative change of the goal's metric smaller than this (0.01 = 1%) is "
+                  "'no change': the equivalence margin of its comparisons (other metrics keep "
+                  "1%). Blank: 1%.",
     )
     policy = models.CharField(max_length=10, choices=Policy.choices, default="tuner")
     model_name = models.CharField(
@@ -121,6 +152,10 @@ class Goal(models.Model):
         return candidate > baseline
 
 
+def _at_least(minimum: int | Decimal, message: str) -> MinValueValidator:
+    return MinValueValidator(minimum, message=message)
+
+
 class Boundary(models.Model):
     """What the agent may touch and spend. Enforced by code (reviews.diff_policy), not prompt."""
 
@@ -135,12 +170,21 @@ class Boundary(models.Model):
     forbidden_patterns = models.TextField(
         blank=True, help_text="Regular expressions no added line may match, one per line."
     )
-    max_diff_lines = models.PositiveIntegerField(default=400)
-    max_steps = models.PositiveIntegerField(default=50)
-    max_wall_minutes = models.PositiveIntegerField(default=120)
-    max_tokens = models.PositiveIntegerField(default=2_000_000)
-    max_cost_usd = models.DecimalField(max_digits=10, decimal_places=2, default=20)
-    max_experiments = models.PositiveIntegerField(default=20)
+    # A budget of 0 would stop every run at its first check: each is at least 1 (1 cent).
+    max_diff_lines = models.PositiveIntegerField(
+        default=400, validators=[_at_least(1, "A diff budget is at least 1 changed line.")])
+    max_steps = models.PositiveIntegerField(
+        default=50, validators=[_at_least(1, "A step budget is at least 1 step.")])
+    max_wall_minutes = models.PositiveIntegerField(
+        default=120, validators=[_at_least(1, "A wall-time budget is at least 1 minute.")])
+    max_tokens = models.PositiveIntegerField(
+        default=2_000_000, validators=[_at_least(1, "A token budget is at least 1 token.")])
+    max_cost_usd = models.DecimalField(
+        max_digits=10, decimal_places=2, default=20,
+        validators=[_at_least(Decimal("0.01"), "A cost budget is at least $0.01; a negative "
+                                               "or zero budget is not a budget.")])
+    max_experiments = models.PositiveIntegerField(
+        default=20, validators=[_at_least(1, "An experiment budget is at least 1 experiment.")])
 
     def __str__(self) -> str:
         return f"boundary of {self.goal}"
@@ -209,6 +253,10 @@ class AcceptanceCriterion(models.Model):
         AT_LEAST = ">=", "at least"
 
     goal = models.ForeignKey(Goal, on_delete=models.CASCADE, related_name="criteria")
+    name = models.CharField(
+        max_length=120, blank=True,
+        help_text="How verdicts call it, e.g. 'prefill+kv within 5% of prefill'. Blank: the "
+                  "condition itself.")
     kind = models.CharField(max_length=10, choices=Kind.choices)
     probe = models.CharField(max_length=100)
     metric = models.CharField(max_length=100)
@@ -225,7 +273,7 @@ class AcceptanceCriterion(models.Model):
         verbose_name_plural = "acceptance criteria"
 
     def __str__(self) -> str:
-        return self.describe()
+        return self.name or self.describe()
 
     def describe(self) -> str:
         where = f"{self.probe}.{self.metric}" + (f" [{self.variant}]" if self.variant else "")
@@ -257,6 +305,7 @@ class AcceptanceCriterion(models.Model):
             "reference_variant": self.reference_variant,
             "comparison": self.comparison,
             "value": self.value,
+            "name": self.name or self.describe(),
             "description": self.describe(),
         }
 
@@ -307,10 +356,11 @@ class Experiment(models.Model):
     """One execution of probes on a candidate and a baseline revision of a target."""
 
     class Status(models.TextChoices):
+        # What ran, not what the results say: that is the feedback's verdict.
         QUEUED = "queued"
         RUNNING = "running"
-        SUCCEEDED = "succeeded"
-        FAILED = "failed"
+        SUCCEEDED = "succeeded", "all probes ran"
+        FAILED = "failed", "did not finish: a probe failed or could not run"
         CANCELLED = "cancelled"
 
     target = models.ForeignKey(Target, on_delete=models.PROTECT, related_name="experiments")
@@ -318,6 +368,11 @@ class Experiment(models.Model):
     candidate_commit = models.CharField(max_length=40)
     baseline_commit = models.CharField(max_length=40)
     probes = models.JSONField(default=list, help_text="Probe names chosen to run, cheapest first.")
+    variants = models.JSONField(
+        default=dict, blank=True,
+        help_text="Variant cells chosen per probe, {probe: [cell, ...]} with cells as "
+                  "variant_key spells them ('batch=8,dtype=fp16'); a probe not named runs "
+                  "every cell.")
     changed_paths = models.JSONField(default=list, blank=True,
                                      help_text="Paths the candidate changes against the baseline.")
     stop_on_failure = models.BooleanField(
@@ -341,6 +396,13 @@ class Experiment(models.Model):
     summary = models.JSONField(default=dict, blank=True)
     criteria = models.JSONField(default=list, blank=True,
                                 help_text="Acceptance criteria (specs) this experiment checks.")
+    margin = models.FloatField(
+        default=0.01, help_text="Equivalence margin: a change whose interval lies within "
+                                "+-margin is 'no change' (the goal's smallest meaningful effect).")
+    margin_metric = models.CharField(
+        max_length=201, blank=True,
+        help_text="probe.metric the margin is the smallest meaningful effect of (the goal's); "
+                  "other metrics use the default 1%. Blank: every metric.")
     feedback = models.JSONField(default=dict, blank=True,
                                 help_text="Findings, most specific first (infraops.feedback).")
 
@@ -357,6 +419,17 @@ class Experiment(models.Model):
     def is_finished(self) -> bool:
         return self.status in (self.Status.SUCCEEDED, self.Status.FAILED, self.Status.CANCELLED)
 
+    def runs_cell(self, probe: str, cell: str) -> bool:
+        """Whether this experiment runs the variant cell `cell` (canonical, see variant_key)
+        of `probe`: every cell unless `variants` names the probe, then only those it lists."""
+        chosen = (self.variants or {}).get(probe)
+        return chosen is None or cell in chosen
+
+    def variant_cells(self, probe: Probe) -> list[dict[str, str]]:
+        """The cells of `probe` this experiment runs, in the order of its variant matrix."""
+        return [cell for cell in probe.variant_matrix()
+                if self.runs_cell(probe.name, variant_key(cell))]
+
 
 class ProbeExecution(models.Model):
     """One sandboxed run of one probe, on one side, one variant, one repeat, one attempt."""
@@ -370,7 +443,10 @@ class ProbeExecution(models.Model):
     probe = models.CharField(max_length=100)
     side = models.CharField(max_length=10, choices=Side.choices)
     variant = models.CharField(max_length=200, blank=True)
-    repeat_index = models.PositiveIntegerField()
+    # Negative for a warm-up (-1 the last before the samples): run, kept, never a sample.
+    repeat_index = models.IntegerField()
+    seed = models.BigIntegerField(null=True, blank=True,
+                                  help_text="INFRAOPS_SEED of this execution.")
     exit_code = models.IntegerField(null=True)
     reason = models.CharField(max_length=40)
     detail = models.TextField(blank=True)
@@ -389,7 +465,12 @@ class ProbeExecution(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.probe} {self.side} [{self.variant}] #{self.repeat_index}"
+        which = "warm-up" if self.is_warmup else f"#{self.repeat_index}"
+        return f"{self.probe} {self.side} [{self.variant}] {which}"
+
+    @property
+    def is_warmup(self) -> bool:
+        return self.repeat_index < 0
 
 
 class Artifact(models.Model):

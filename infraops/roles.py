@@ -1,4 +1,5 @@
-"""The three roles, as Django groups created by a migration."""
+"""The three roles, as Django groups: made by a migration, and again after every `flush`
+(which empties auth_group too) by a post_migrate handler, with their model permissions."""
 
 from __future__ import annotations
 
@@ -10,6 +11,35 @@ ENGINEER = "engineer"
 REVIEWER = "reviewer"
 VIEWER = "viewer"
 ROLES = (ENGINEER, REVIEWER, VIEWER)
+
+# role -> (app label, model, actions) for the admin editor. Migration 0002 keeps its own copy,
+# as migrations must; a grant added here reaches existing databases at the next migrate.
+ROLE_PERMISSIONS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
+    ENGINEER: [
+        ("infraops", "target", ("add", "change", "view")),
+        ("infraops", "goal", ("add", "change", "view")),
+        ("infraops", "boundary", ("add", "change", "view")),
+        ("infraops", "acceptancecriterion", ("add", "change", "delete", "view")),
+        ("infraops", "goalversion", ("view",)),
+        ("infraops", "experiment", ("view",)),
+    ],
+    REVIEWER: [("infraops", "auditentry", ("view",))],
+    VIEWER: [],
+}
+
+
+def ensure_roles(**kwargs: object) -> None:
+    """The role groups and their grants exist (post_migrate: after migrate and after flush).
+    Adds what is missing; never removes a permission an operator granted."""
+    from django.contrib.auth.models import Group, Permission
+
+    for role, grants in ROLE_PERMISSIONS.items():
+        group, _ = Group.objects.get_or_create(name=role)
+        for app_label, model, actions in grants:
+            wanted = Permission.objects.filter(
+                content_type__app_label=app_label, content_type__model=model,
+                codename__in=[f"{action}_{model}" for action in actions])
+            group.permissions.add(*wanted)
 
 
 def user_roles(user: User | AnonymousUser) -> set[str]:

@@ -2,15 +2,18 @@
 
 A malformed value stops start-up with one sentence naming the variable, never a traceback.
 With DATABASE_URL / REDIS_URL unset, the embedded PostgreSQL and Redis that
-`manage.py standalone` starts in the data folder are used (see infraops/embedded.py).
+`manage.py standalone` starts in the data folder are used
+(infraops/management/commands/standalone.py).
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import environ
 import plotly
@@ -45,6 +48,89 @@ def _read(name: str, kind: str, default: Any) -> Any:
         raise _ConfigError(f"{name}={raw!r} is not a valid {kind} ({exc}).") from None
 
 
+def _uid_range(text: str) -> range:
+    """ "first-last" (inclusive) as a range of uids; "" as an empty one."""
+    if not text.strip():
+        return range(0)
+    first, dash, last = text.strip().partition("-")
+    try:
+        pool = range(int(first), int(last) + 1) if dash else range(0)
+    except ValueError:
+        pool = range(0)
+    if not pool or pool.start <= 0 or pool.stop - 1 >= (1 << 32) - 1:
+        raise _ConfigError(f"INFRAOPS_SANDBOX_UID_POOL={text!r} must be 'first-last', two "
+                           "uids with 0 < first <= last < 4294967295, or empty.")
+    return pool
+
+
+PROCESS_KINDS = ("web", "worker", "other")
+_WEB_SERVERS = ("uvicorn", "gunicorn", "daphne", "hypercorn", "granian")
+
+
+def process_kind(argv: list[str], override: str = "") -> str:
+    """'web' (an ASGI server), 'worker' (a Celery worker) or 'other' (manage.py commands,
+    tests), from INFRAOPS_PROCESS when set, else from how the process was started:
+    `python -m uvicorn ...` runs uvicorn/__main__.py, the console script is .../bin/uvicorn."""
+    if override:
+        if override not in PROCESS_KINDS:
+            raise _ConfigError(f"INFRAOPS_PROCESS={override!r} must be one of "
+                               f"{', '.join(PROCESS_KINDS)}.")
+        return override
+    program = Path(argv[0]) if argv and argv[0] else Path()
+    name = program.parent.name if program.name == "__main__.py" else program.name
+    if name in _WEB_SERVERS:
+        return "web"
+    if name == "celery" and "worker" in argv[1:]:
+        return "worker"
+    return "other"
+
+
+def _connections(config: dict[str, Any], kind: str, pool_size: int) -> None:
+    """How each kind of process holds its database connections.
+
+    web: under ASGI every request runs in a thread of its own, so a persistent connection
+    (CONN_MAX_AGE > 0) was left open in every thread that ever served a request: 5 x 10
+    concurrent requests left 31 open for over a minute, and 30 clients drove PostgreSQL to 'too
+    many clients' (29% of responses 500). Django's docs: under ASGI, disable persistent
+    connections, or pool them. So CONN_MAX_AGE = 0 and, by default, a psycopg pool of at most
+    INFRAOPS_DB_POOL_SIZE connections (DEFAULT_POOL_SIZE): the count stays bounded whatever the
+    concurrency, and a request takes a connection that is already open. A new connection per
+    request (INFRAOPS_DB_POOL_SIZE=0) cost PostgreSQL a backend process, and its cold caches,
+    every time: about 9 ms of the machine's CPU a request out of 30 on the load bench
+    (bench/load.py), and 66 instead of 94 requests/s. Every checkout is checked first
+    (CONN_HEALTH_CHECKS: psycopg's check_connection), so a connection the database dropped (a
+    restart, a terminated backend) is replaced before a request uses it. The price: a request
+    waits up to POOL_TIMEOUT s for a free connection, and while the database is down or
+    refusing, requests wait that long before their 503 page (without a pool it comes at once).
+    INFRAOPS_DB_POOL_SIZE=0: no pool, a connection per request, at most one per request in
+    flight, none when idle.
+    worker: one thread runs the tasks of a Celery process; its connection is kept and checked
+    per task (a new connection per task cost 4-5 ms of every experiment; see infraops/celery.py).
+    other: commands and tests: nothing kept across requests."""
+    config["CONN_HEALTH_CHECKS"] = True
+    config.setdefault("OPTIONS", {})["connect_timeout"] = 10
+    if kind == "worker":
+        config["CONN_MAX_AGE"] = 60
+        return
+    config["CONN_MAX_AGE"] = 0
+    if kind == "web" and pool_size > 0:
+        config["OPTIONS"]["pool"] = {
+            "min_size": min(POOL_MIN_SIZE, pool_size), "max_size": pool_size,
+            "timeout": POOL_TIMEOUT, "max_idle": 60.0,
+            # Give up a failing reconnection after this long, so that the next request
+            # starts a fresh attempt: the pool's own backoff doubles up to minutes, and the
+            # site would stay on the 503 page long after the database is back.
+            "reconnect_timeout": POOL_TIMEOUT,
+        }
+
+
+# The web process's pool (INFRAOPS_DB_POOL_SIZE > 0): connections kept open, and
+# seconds a request waits for a free one (or for the database to answer) before its 503.
+POOL_MIN_SIZE = 2
+DEFAULT_POOL_SIZE = 10
+POOL_TIMEOUT = 5.0
+
+
 def _database(url: str | None, data_dir: Path) -> dict[str, Any]:
     if not url:
         # Embedded PostgreSQL started by `manage.py standalone`: a unix socket in the data folder.
@@ -60,9 +146,6 @@ def _database(url: str | None, data_dir: Path) -> dict[str, Any]:
         )
     # A unix-socket folder is written percent-encoded in the host part (libpq's URL form).
     config["HOST"] = unquote(config.get("HOST", ""))
-    config["CONN_MAX_AGE"] = 60
-    config["CONN_HEALTH_CHECKS"] = True
-    config.setdefault("OPTIONS", {})["connect_timeout"] = 10
     return config
 
 
@@ -81,6 +164,45 @@ def _celery_broker(redis_url: str) -> str:
     return redis_url
 
 
+def _channel_prefix(redis_url: str) -> str:
+    """The channel layer's name prefix, one per Redis database. Pub/sub channels belong to the
+    whole Redis server, not to a database: without it two installations (or a test session
+    beside another) on one server received each other's live updates."""
+    parts = urlsplit(redis_url)
+    database = parse_qs(parts.query).get("db", [""])[0] if parts.scheme == "unix" else \
+        parts.path.strip("/")
+    return f"infraops.db{database or '0'}"
+
+
+def _secret_key_fallback(data_dir: Path, debug: bool) -> str:
+    """The key when SECRET_KEY is unset: the one `manage.py standalone` keeps in the data
+    folder (made here on its first start, as standalone would); under DEBUG a development
+    key; in a test session (pytest sets PYTEST_VERSION for itself and its children) a random
+    key shared with those children. Otherwise start-up stops: a service with a published key
+    would accept anyone's forged session cookies."""
+    key_file = data_dir / "secret_key"
+    if key_file.exists():
+        key = key_file.read_text().strip()
+        if key:
+            return key
+    if Path(sys.argv[0]).name == "manage.py" and sys.argv[1:2] == ["standalone"]:
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            key_file.write_text(secrets.token_urlsafe(50))
+            key_file.chmod(0o600)
+        except OSError as exc:
+            raise _ConfigError(f"INFRAOPS_DATA={str(data_dir)!r}: cannot write the secret key "
+                               f"({exc}).") from None
+        return key_file.read_text().strip()
+    if debug:
+        return "django-insecure-infraops-development-key"
+    if os.environ.get("PYTEST_VERSION"):
+        os.environ["SECRET_KEY"] = os.environ.get("SECRET_KEY") or secrets.token_urlsafe(50)
+        return os.environ["SECRET_KEY"]
+    raise _ConfigError("SECRET_KEY is not set: set it to a long random value (or DEBUG=true "
+                       "for development; `manage.py standalone` makes its own).")
+
+
 try:
     DATA_DIR = Path(_read("INFRAOPS_DATA", "str", str(BASE_DIR / ".infraops"))).resolve()
     DEBUG = _read("DEBUG", "bool", False)
@@ -88,6 +210,12 @@ try:
     ALLOWED_HOSTS = _read("ALLOWED_HOSTS", "list", ["localhost", "127.0.0.1", "[::1]"])
     CSRF_TRUSTED_ORIGINS = _read("CSRF_TRUSTED_ORIGINS", "list", [])
     DATABASES = {"default": _database(_read("DATABASE_URL", "str", ""), DATA_DIR)}
+    PROCESS_KIND = process_kind(sys.argv, _read("INFRAOPS_PROCESS", "str", "").strip())
+    DB_POOL_SIZE = _read("INFRAOPS_DB_POOL_SIZE", "int", DEFAULT_POOL_SIZE)
+    if not 0 <= DB_POOL_SIZE <= 90:
+        raise _ConfigError(f"INFRAOPS_DB_POOL_SIZE={DB_POOL_SIZE} must be from 0 (no pool: a "
+                           "connection per request) to 90.")
+    _connections(DATABASES["default"], PROCESS_KIND, DB_POOL_SIZE)
     REDIS_URL = _redis(_read("REDIS_URL", "str", ""), DATA_DIR)
     OPENAI_BASE_URL = _read("OPENAI_BASE_URL", "str", "")
     OPENAI_API_KEY = _read("OPENAI_API_KEY", "str", "")
@@ -98,14 +226,37 @@ try:
     # Seconds; the longest Celery task limit. The broker's visibility timeout is 1.5x of it.
     TASK_TIME_LIMIT = _read("INFRAOPS_TASK_TIME_LIMIT", "int", 3600)
     SECURE = _read("INFRAOPS_SECURE", "bool", False)
+    # Seconds a run keeps retrying a failing model endpoint (5xx, timeouts, refused
+    # connections) before it pauses with the reason; Resume retries again.
+    LLM_RETRY_SECONDS = _read("INFRAOPS_LLM_RETRY_SECONDS", "float", 300.0)
+    # The most one probe execution's sandbox may take (infraops/sandbox.py, SandboxLimits):
+    # processes and threads, total memory (its tmpfs files included) and MB added to its work
+    # tree and output. A probe asking for no limit gets the sandbox's default, at most these.
+    SANDBOX_MAX_PROCESSES = _read("INFRAOPS_SANDBOX_MAX_PROCESSES", "int", 1024)
+    SANDBOX_MAX_MEMORY_MB = _read("INFRAOPS_SANDBOX_MAX_MEMORY_MB", "int", 8192)
+    SANDBOX_MAX_DISK_MB = _read("INFRAOPS_SANDBOX_MAX_DISK_MB", "int", 8192)
+    # Where a sandbox cannot get its own pids control group, each experiment runs as a uid of
+    # its own from this range ("first-last"; numeric ids no account uses), so the per-uid
+    # process limit is per experiment (infraops.sandbox.sandbox_identity_lease). Empty: off.
+    SANDBOX_UID_POOL = _uid_range(_read("INFRAOPS_SANDBOX_UID_POOL", "str",
+                                        "1900000000-1900000255"))
+    # Approvals and run starts one user may make per window (infraops/ratelimit.py).
+    RATE_APPROVE_PER_MIN = _read("INFRAOPS_RATE_APPROVE_PER_MIN", "int", 100)
+    RATE_START_RUN_PER_MIN = _read("INFRAOPS_RATE_START_RUN_PER_MIN", "int", 100)
     if not SECRET_KEY:
-        # `manage.py standalone` keeps a generated key in the data folder; production sets one.
-        key_file = DATA_DIR / "secret_key"
-        SECRET_KEY = key_file.read_text().strip() if key_file.exists() else ""
-    if not SECRET_KEY:
-        SECRET_KEY = "django-insecure-infraops-development-key"  # noqa: S105
+        SECRET_KEY = _secret_key_fallback(DATA_DIR, DEBUG)
     if TASK_TIME_LIMIT <= 0:
         raise _ConfigError(f"INFRAOPS_TASK_TIME_LIMIT={TASK_TIME_LIMIT} must be positive.")
+    if not 0 <= LLM_RETRY_SECONDS <= 7 * 24 * 3600:
+        raise _ConfigError(f"INFRAOPS_LLM_RETRY_SECONDS={LLM_RETRY_SECONDS} must be between 0 "
+                           "and a week.")
+    for _name, _value in (("INFRAOPS_SANDBOX_MAX_PROCESSES", SANDBOX_MAX_PROCESSES),
+                          ("INFRAOPS_SANDBOX_MAX_MEMORY_MB", SANDBOX_MAX_MEMORY_MB),
+                          ("INFRAOPS_SANDBOX_MAX_DISK_MB", SANDBOX_MAX_DISK_MB),
+                          ("INFRAOPS_RATE_APPROVE_PER_MIN", RATE_APPROVE_PER_MIN),
+                          ("INFRAOPS_RATE_START_RUN_PER_MIN", RATE_START_RUN_PER_MIN)):
+        if _value <= 0:
+            raise _ConfigError(f"{_name}={_value} must be positive.")
 except _ConfigError as error:
     sys.exit(f"InfraOps configuration error: {error}")
 
@@ -126,6 +277,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: a database that does not answer gives the 503 page, whichever layer met it.
+    "infraops.middleware.DatabaseUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -165,6 +318,26 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "agents:dashboard"
 LOGOUT_REDIRECT_URL = "login"
+# Sign-in throttle (infraops/login.py): so many failures for one username, or from one
+# address, within the window lock further attempts for LOGIN_LOCKOUT_SECONDS. Counts live in
+# Redis (the "login" cache), shared by every web process.
+LOGIN_FAILURES_PER_USERNAME = 5
+LOGIN_FAILURES_PER_ADDRESS = 20
+LOGIN_FAILURE_WINDOW_SECONDS = 15 * 60
+LOGIN_LOCKOUT_SECONDS = 15 * 60
+CACHES: dict[str, dict[str, Any]] = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "login": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+              "KEY_PREFIX": "infraops-login"},
+    "limits": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+               "KEY_PREFIX": "infraops-limits"},
+    # Rendered fragments of rows that never change (a run's log rows): per process, bounded
+    # (a row is well under a kilobyte; the oldest third goes when full).
+    "fragments": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                  "LOCATION": "infraops-fragments", "OPTIONS": {"MAX_ENTRIES": 20000}},
+}
+# The window of the per-user rate limits (seconds); the limits are counted per window.
+RATE_WINDOW_SECONDS = 60
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -186,7 +359,11 @@ SECURE_REFERRER_POLICY = "same-origin"
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 SESSION_COOKIE_HTTPONLY = True
-CSRF_COOKIE_HTTPONLY = False  # htmx reads no cookie: the token rides in hx-headers on <body>
+# No script reads the CSRF cookie: htmx sends the token from hx-headers on <body> and forms
+# carry it as a field, so the cookie is HttpOnly too (reliability row D9).
+CSRF_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SECURE = SECURE
 CSRF_COOKIE_SECURE = SECURE
 SECURE_SSL_REDIRECT = SECURE
@@ -198,11 +375,11 @@ SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if SECURE else Non
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-        "CONFIG": {"hosts": [{"address": REDIS_URL}]},
+        "CONFIG": {"hosts": [{"address": REDIS_URL}], "prefix": _channel_prefix(REDIS_URL)},
     }
 }
 
-# Celery: the reliability rules of ARCHITECTURE.md. A SIGKILLed worker with Celery's
+# Celery: the reliability rules of docs/product.md. A SIGKILLed worker with Celery's
 # defaults lost 10 of 20 experiments on this machine class.
 CELERY_BROKER_URL = _celery_broker(REDIS_URL)
 CELERY_RESULT_BACKEND = None

@@ -6,9 +6,10 @@ bootstrap takes its seed as a parameter), so a stored comparison can be recomput
 The contract of `compare` is that noise is never called a change: "improved" and "regressed"
 need two tests at level alpha to agree (a bootstrap interval of the ratio of medians at level
 1 - alpha that excludes 1, and a Mann-Whitney rank test below alpha); "no change" needs that
-interval to bound the effect inside a margin; everything else is "inconclusive", with the
-reason and the minimal detectable effect at the observed noise, so the reader knows whether to
-take more samples or to measure instructions instead of wall time.
+interval to lie inside the equivalence margin (the smallest meaningful effect); everything else
+is "inconclusive", with the reason in words and the repeats a side that would decide it at the
+observed noise, so the reader knows whether to take more samples or to measure instructions
+instead of wall time.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ DIRECTIONS = ("minimize", "maximize")
 MIN_SAMPLES = 3
 CI_LEVEL = 0.95
 POWER = 0.80
-# "No change" with practical=0 means "any effect lies within +-1%": a bound a short wall-time
-# run rarely reaches (CV 16-29% measured on this machine class) but instruction counts do.
+# "No change" by default means "any effect lies within +-1%": a bound a short wall-time run
+# rarely reaches (CV 16-29% measured on this machine class) but instruction counts do.
 DEFAULT_NO_CHANGE_MARGIN = 0.01
+# Beyond this, "N repeats would decide" is no advice: the probe is the wrong instrument.
+MAX_ADVISED_REPEATS = 1000
 MIN_RESAMPLES = 100
 # 1.4826 * MAD estimates the standard deviation of a normal distribution.
 _MAD_TO_SIGMA = 1.4826
@@ -50,7 +53,9 @@ class Comparison:
     interval at `CI_LEVEL`; `p_value` the two-sided Mann-Whitney U test; `cv_*` robust
     coefficients of variation (1.4826 * MAD / median); `mde` the minimal detectable relative
     effect (0.05 = 5%). A value that cannot be computed (too few samples, a zero baseline
-    median) is NaN here and None in `as_dict`. `reason` says in one sentence why the verdict.
+    median) is NaN here and None in `as_dict`. `reason` says in one sentence why the verdict;
+    for "inconclusive", `repeats_needed` is the repeats a side that would decide it at this
+    noise (0 when decided or unknown) and `advice` says so in words.
     """
 
     n_baseline: int
@@ -68,7 +73,9 @@ class Comparison:
     direction: str
     reason: str
     alpha: float
-    practical: float
+    margin: float
+    repeats_needed: int = 0
+    advice: str = ""
 
     def as_dict(self) -> dict[str, object]:
         """Every field by name; NaN and infinities become None, so the dict is strict JSON."""
@@ -81,7 +88,7 @@ def compare(
     *,
     direction: str = "minimize",
     alpha: float = 0.01,
-    practical: float = 0.0,
+    margin: float = DEFAULT_NO_CHANGE_MARGIN,
     resamples: int = 2000,
     seed: int = 0,
 ) -> Comparison:
@@ -101,15 +108,16 @@ def compare(
     alarms 0.82% against 0.87% for the rank test alone, 6000 trials at CV 20% and n = 20),
     with 1 - alpha it halves them (0.43%).
 
-    Verdict, first rule that holds:
+    Verdict, first rule that holds (m is `margin`, the smallest meaningful effect):
     1. fewer than `MIN_SAMPLES` values on a side -> "inconclusive";
     2. every value on both sides identical -> "no change" (ratio 1, interval [1, 1]);
     3. baseline median 0 -> "inconclusive" (a relative effect is undefined);
-    4. the decision interval excludes 1 AND p < `alpha` AND |ratio - 1| >= `practical` ->
-       "improved" or "regressed", as `direction` says which way is better;
-    5. the decision interval lies inside [1 - m, 1 + m], m = `practical` if > 0 else
-       `DEFAULT_NO_CHANGE_MARGIN` -> "no change" (any effect is bounded by m);
-    6. otherwise "inconclusive" (the interval is too wide for the noise and n).
+    4. the decision interval lies inside [1 - m, 1 + m] -> "no change" (any effect, even a
+       real one, is smaller than m);
+    5. the decision interval excludes 1 AND p < `alpha` AND |ratio - 1| >= m -> "improved"
+       or "regressed", as `direction` says which way is better;
+    6. otherwise "inconclusive" (the interval is too wide for the noise and n), with the
+       repeats a side that would decide it (`repeats_needed`).
     Many metrics and cases compared at once multiply the false alarms: pass alpha / k.
 
     MDE, to first order in the CV (relative effect ~ difference of log values, robust CV ~ their
@@ -120,12 +128,12 @@ def compare(
     CV 5-20%, n 20-50).
 
     Raises ValueError for NaN, infinite or negative values, a sample that is not
-    one-dimensional, an unknown direction, alpha outside (0, 1), a negative or non-finite
-    practical threshold, or fewer than `MIN_RESAMPLES` resamples.
+    one-dimensional, an unknown direction, alpha outside (0, 1), a margin outside (0, 1), or
+    fewer than `MIN_RESAMPLES` resamples.
     """
     base = _checked_sample(baseline, "baseline")
     cand = _checked_sample(candidate, "candidate")
-    _check_options(direction, alpha, practical, resamples)
+    _check_options(direction, alpha, margin, resamples)
     n_b, n_c = base.size, cand.size
     b_med, c_med = _median(base), _median(cand)
     cv_b, cv_c = _robust_cv(base), _robust_cv(cand)
@@ -135,18 +143,22 @@ def compare(
     def result(
         verdict: str, reason: str, *, ci: tuple[float, float] = (nan, nan),
         p_value: float = nan, mde: float = nan, ratio: float = ratio,
+        needed: tuple[int, str] = (0, ""),
     ) -> Comparison:
         return Comparison(
             n_baseline=n_b, n_candidate=n_c, baseline_median=b_med, candidate_median=c_med,
             ratio=ratio, ci_low=ci[0], ci_high=ci[1], p_value=p_value, cv_baseline=cv_b,
             cv_candidate=cv_c, mde=mde, verdict=verdict, direction=direction, reason=reason,
-            alpha=alpha, practical=practical,
+            alpha=alpha, margin=margin, repeats_needed=needed[0], advice=needed[1],
         )
 
     if min(n_b, n_c) < MIN_SAMPLES:
         return result(
             INCONCLUSIVE,
             f"fewer than {MIN_SAMPLES} samples a side (baseline {n_b}, candidate {n_c})",
+            needed=(max(MIN_SAMPLES, min_rank_repeats(alpha)),
+                    f"run at least {max(MIN_SAMPLES, min_rank_repeats(alpha))} repeats a side: "
+                    f"the rank test cannot reach p < {alpha:g} with fewer"),
         )
     if np.all(base == base[0]) and np.all(cand == base[0]):
         return result(
@@ -163,39 +175,97 @@ def compare(
     ci = _interval(ratios, CI_LEVEL)
     decision = _interval(ratios, 1.0 - alpha)
     mde = _mde(cv_b, n_b, cv_c, n_c, alpha)
-    verdict, reason = _verdict(ratio, decision, p_value, mde, direction, alpha, practical)
-    return result(verdict, reason, ci=ci, p_value=p_value, mde=mde)
+    verdict, reason = _verdict(ratio, decision, p_value, mde, direction, alpha, margin)
+    needed = (0, "")
+    if verdict == INCONCLUSIVE:
+        needed = _advice(ratio, cv_b, cv_c, min(n_b, n_c), alpha, margin, excludes_one=(
+            decision[0] > 1.0 or decision[1] < 1.0), significant=p_value < alpha)
+    return result(verdict, reason, ci=ci, p_value=p_value, mde=mde, needed=needed)
 
 
 def _verdict(
     ratio: float, decision: tuple[float, float], p_value: float, mde: float,
-    direction: str, alpha: float, practical: float,
+    direction: str, alpha: float, margin: float,
 ) -> tuple[str, str]:
     """Rules 4-6 of `compare`'s docstring on the decision interval, with the reason in words."""
     low, high = decision
     interval = f"ratio {ratio:.4g}, {(1.0 - alpha) * 100:g}% interval [{low:.4g}, {high:.4g}]"
     excludes_one = low > 1.0 or high < 1.0
     significant = p_value < alpha
-    relevant = abs(ratio - 1.0) >= practical
+    if 1.0 - margin <= low and high <= 1.0 + margin:
+        small = " (a real effect, but smaller than that)" if excludes_one and significant else ""
+        return (NO_CHANGE, f"{interval} lies within +-{margin:.2%} of 1, the smallest "
+                           f"meaningful effect{small}")
+    relevant = abs(ratio - 1.0) >= margin
     if excludes_one and significant and relevant:
         better = (ratio < 1.0) == (direction == "minimize")
         return (
             IMPROVED if better else REGRESSED,
             f"{interval} excludes 1 and Mann-Whitney p={p_value:.2g} < {alpha:g}",
         )
-    margin = practical if practical > 0 else DEFAULT_NO_CHANGE_MARGIN
-    if 1.0 - margin <= low and high <= 1.0 + margin:
-        return NO_CHANGE, f"{interval} lies within +-{margin:.2%} of 1"
     if not excludes_one:
         why = f"{interval} includes 1 and reaches beyond +-{margin:.2%}"
     elif not significant:
         why = f"{interval} excludes 1 but Mann-Whitney p={p_value:.2g} >= {alpha:g}"
     else:
-        why = (
-            f"{interval}: the effect is below the practical threshold {practical:.2%} "
-            f"but not bounded by it"
-        )
+        why = (f"{interval}: the effect is below the smallest meaningful effect "
+               f"{margin:.2%} but not bounded by it")
     return INCONCLUSIVE, f"{why}; minimal detectable effect at this noise and n: {mde:.2%}"
+
+
+def min_rank_repeats(alpha: float) -> int:
+    """The fewest repeats a side (equal sides) at which the exact two-sided Mann-Whitney test
+    can reach p < alpha at all (complete separation gives p = 2 / C(2n, n)): 5 at 0.01."""
+    n = 1
+    while 2.0 / math.comb(2 * n, n) >= alpha:
+        n += 1
+    return n
+
+
+def repeats_to_detect(cv_b: float, cv_c: float, effect: float, alpha: float) -> int | None:
+    """Repeats a side at which `effect` is the minimal detectable effect (the MDE formula of
+    `compare`, solved for n with equal sides), at least `min_rank_repeats`; None when the
+    noise or the effect is not a finite positive number."""
+    var = cv_b**2 + cv_c**2
+    if not (math.isfinite(var) and math.isfinite(effect) and effect > 0):
+        return None
+    z = float(sps.norm.ppf(1.0 - alpha / 2) + sps.norm.ppf(POWER))
+    return max(math.ceil(z * z * math.pi / 2 * var / effect**2), min_rank_repeats(alpha))
+
+
+def _advice(ratio: float, cv_b: float, cv_c: float, n: int, alpha: float, margin: float, *,
+            excludes_one: bool, significant: bool) -> tuple[int, str]:
+    """What would decide an inconclusive comparison: (repeats a side, the advice in words)."""
+    floor = min_rank_repeats(alpha)
+    if excludes_one and not significant and n < floor:
+        return floor, (f"the interval excludes 1 but the rank test cannot reach p < {alpha:g} "
+                       f"with fewer than {floor} repeats a side: run {floor} or more")
+    observed = abs(ratio - 1.0)
+    noise = f"with this noise (CV {max(cv_b, cv_c):.1%})"
+    if observed >= margin:
+        needed = repeats_to_detect(cv_b, cv_c, observed, alpha)
+        goal = f"would detect the observed {observed:.1%} effect"
+        smallest = repeats_to_detect(cv_b, cv_c, margin, alpha)
+        if needed is not None and smallest is not None and smallest > needed:
+            goal += f" ({smallest} the smallest meaningful {margin:.1%})"
+    else:  # the question is whether any effect stays within the margin
+        slack = margin - observed
+        z = float(sps.norm.ppf(1.0 - alpha / 2))
+        var = cv_b**2 + cv_c**2
+        needed = (max(math.ceil(z * z * math.pi / 2 * var / slack**2), floor)
+                  if math.isfinite(var) and slack > 0 else None)
+        goal = f"would show whether any effect stays within +-{margin:.1%}"
+    if needed is None:
+        return 0, "the noise cannot be estimated: more repeats a side are needed"
+    if needed <= n:  # the robust CV says "enough" yet the interval says no: it is unreliable
+        more = max(2 * n, floor)
+        return more, (f"the noise estimate is unreliable at this n (robust CV "
+                      f"{max(cv_b, cv_c):.1%}, most values equal) while the interval is wide: "
+                      f"run more repeats a side, e.g. {more}")
+    if needed > MAX_ADVISED_REPEATS:
+        return needed, (f"{noise} more than {MAX_ADVISED_REPEATS} repeats a side {goal}: "
+                        "measure instructions (measure = \"instructions\") or a longer probe")
+    return needed, f"{noise}, {needed} repeats a side {goal}"
 
 
 def _bootstrap_ratios(base: FloatArray, cand: FloatArray, resamples: int, seed: int) -> FloatArray:
@@ -253,13 +323,13 @@ def _checked_sample(values: Sequence[float], side: str) -> FloatArray:
     return array
 
 
-def _check_options(direction: str, alpha: float, practical: float, resamples: int) -> None:
+def _check_options(direction: str, alpha: float, margin: float, resamples: int) -> None:
     if direction not in DIRECTIONS:
         raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
-    if not (math.isfinite(practical) and practical >= 0.0):
-        raise ValueError(f"practical must be a finite fraction >= 0, got {practical!r}")
+    if not (math.isfinite(margin) and 0.0 < margin < 1.0):
+        raise ValueError(f"margin must be a fraction in (0, 1), got {margin!r}")
     if resamples < MIN_RESAMPLES:
         raise ValueError(f"resamples must be >= {MIN_RESAMPLES}, got {resamples!r}")
 

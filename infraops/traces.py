@@ -1,7 +1,7 @@
 """System behaviour from Chrome traces: span statistics, overlap, blocking, idle gaps, diffs.
 
 Pure: no Django, stdlib only. A probe writes `trace.json` in the Chrome Trace Event format (see
-ARCHITECTURE.md, "The feedback contract"); `parse_trace` turns it into a `Trace` of spans and the
+docs/feedback-contract.md); `parse_trace` turns it into a `Trace` of spans and the
 functions below answer the questions a reviewer asks of a timeline:
 
 - `span_stats`: per span name and thread, count, total, p50, p95 and max duration;
@@ -9,6 +9,9 @@ functions below answer the questions a reviewer asks of a timeline:
   dispatch for 0.0% of its time");
 - `blocked_intervals`: when one thread waits while another thread holds the work;
 - `idle_intervals`: gaps in one thread's activity;
+- `idle_attribution`: how long a span's thread sat idle around its calls, and which spans ran
+  on other threads meanwhile ("kv_transfer sat idle 4.20 ms a call; during 96% of it dispatch
+  ran on thread main");
 - `trace_diff`: which spans grew or shrank against the baseline trace, and by how much.
 
 Times are microseconds throughout, as in the format (`ts`, `dur`). Span sets are selected by a
@@ -19,6 +22,9 @@ entry contains a glob character (`*`, `?`, `[`), whose name matches it as a case
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import itertools
 import json
 import math
 import re
@@ -339,6 +345,349 @@ def idle_intervals(
         if cursor >= hi:
             break
     return gaps
+
+
+WAIT_SPANS: tuple[str, ...] = ("*wait*",)
+"""Spans that are waits, not work, unless told otherwise ("gil_wait", "wait_kv"): for
+`idle_attribution`, time in one inside a call, or just before it, is the call's idle time."""
+
+
+@dataclass(frozen=True)
+class IdleShare:
+    """A span on another thread, and how much of some idle time it had open (innermost there)."""
+
+    name: str
+    thread: str
+    pid: Id
+    tid: Id
+    us: float
+    share: float
+    waiting: bool = False
+    """The span is itself a wait (matches the attribution's `waiting`): it held nothing."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "thread": self.thread, "pid": self.pid, "tid": self.tid,
+                "us": self.us, "share": self.share, "waiting": self.waiting}
+
+
+@dataclass(frozen=True)
+class CallIdle:
+    """The idle time of one call: its thread idle just before it, or in a wait inside it."""
+
+    thread: str
+    start_us: float
+    end_us: float
+    idle_us: float
+    others: tuple[IdleShare, ...]
+    offset_us: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"thread": self.thread, "start_us": self.start_us, "end_us": self.end_us,
+                "at_us": self.start_us - self.offset_us, "idle_us": self.idle_us,
+                "others": [o.as_dict() for o in self.others]}
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """The idle time of the calls of span set `name`, and what other threads ran meanwhile.
+
+    A call's idle time is the stretch just before it starts in which its thread had nothing
+    open at the call's nesting level but `waiting` spans ("gil_wait" just before
+    "kv_transfer": it waited), since the previous call or other span at that level ended
+    (for a call at the top of its thread without waits before it: the `idle_intervals` gap
+    that ends where it starts; for a call nested in a parent: the time in the parent since
+    the parent started or the previous sibling ended); plus the time inside it spent in
+    `waiting` spans nested at any depth (it stretched). A call that is itself a wait is idle
+    for all of its time but the work nested in it.
+
+    `others` gives, for each span name and other thread, the idle time during which that span
+    was the innermost open span of that thread, by time descending; `share` divides by
+    `idle_us`. A thread's shares add up to at most 1; several threads' can add up to more.
+    `unattributed_us` is idle time in which no other thread had any span open. `longest` is
+    the call with the most idle time, with its own attribution.
+    """
+
+    name: tuple[str, ...]
+    waiting: tuple[str, ...]
+    calls: int
+    idle_calls: int
+    idle_us: float
+    max_call_idle_us: float
+    unattributed_us: float
+    threads: tuple[tuple[str, int, float], ...]
+    """(thread label, calls, idle µs) per thread with calls, in thread order."""
+    others: tuple[IdleShare, ...]
+    longest: CallIdle | None = None
+
+    @property
+    def per_call_us(self) -> float:
+        return self.idle_us / self.calls if self.calls else 0.0
+
+    def share_of(self, name: str, thread: str | None = None) -> float:
+        """The share of the idle time during which `name` ran on `thread` (any other thread
+        when None); 0 when it never did."""
+        return math.fsum(o.share for o in self.others
+                         if o.name == name and (thread is None or o.thread == thread))
+
+    @property
+    def detail(self) -> str:
+        """E.g. "kv_transfer sat idle 838 µs a call (302 ms over 360 calls on thread mooncake;
+        longest 4.64 ms: 46% dispatch, 45% combine); during 31% of it wait_kv waited, 27%
+        compute ran on thread MainThread"."""
+        name = _selection_label(self.name)
+        where = (f"thread {self.threads[0][0]}" if len(self.threads) == 1
+                 else f"{len(self.threads)} threads")
+        calls = f"{self.calls} call{'' if self.calls == 1 else 's'} on {where}"
+        if self.idle_us <= 0:
+            return f"{name} never sat idle ({calls})"
+        text = f"{name} sat idle {_duration(self.per_call_us)} a call"
+        if self.calls == 1:
+            text += f" ({calls})"
+        else:
+            text += f" ({_duration(self.idle_us)} over {calls}"
+            if self.longest is not None:
+                text += f"; longest {_duration(self.longest.idle_us)}"
+                top = [o for o in self.longest.others if o.share >= 0.01][:2]
+                if top:
+                    text += ": " + ", ".join(f"{o.share:.0%} {o.name}" for o in top)
+            text += ")"
+        during = _during([o for o in self.others if o.share >= 0.01][:4])
+        if during:
+            text += f"; {during}"
+        unattributed = self.unattributed_us / self.idle_us
+        if unattributed >= 0.05:
+            text += f"; no other thread had a span open for {unattributed:.0%} of it"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": list(self.name), "waiting": list(self.waiting), "calls": self.calls,
+            "idle_calls": self.idle_calls, "idle_us": self.idle_us,
+            "per_call_us": self.per_call_us, "max_call_idle_us": self.max_call_idle_us,
+            "unattributed_us": self.unattributed_us,
+            "threads": [{"thread": t, "calls": n, "idle_us": us} for t, n, us in self.threads],
+            "others": [o.as_dict() for o in self.others],
+            "longest": self.longest.as_dict() if self.longest is not None else None,
+            "detail": self.detail,
+        }
+
+
+def _during(shares: Sequence[IdleShare]) -> str:
+    """'during 96% of it dispatch ran on thread main, 3% decode waited on thread worker';
+    entries in a row on one thread name it once."""
+    parts: list[str] = []
+    for index, share in enumerate(shares):
+        verb = "waited" if share.waiting else "ran"
+        part = (f"during {share.share:.0%} of it {share.name} {verb}" if index == 0
+                else f"{share.share:.0%} {share.name} {verb}")
+        following = shares[index + 1] if index + 1 < len(shares) else None
+        if following is None or following.thread != share.thread:
+            part += f" on thread {share.thread}"
+        parts.append(part)
+    return ", ".join(parts)
+
+
+def idle_attribution(
+    trace: Trace, name: str | Sequence[str], *,
+    waiting: str | Sequence[str] = WAIT_SPANS, limit: int = 20,
+) -> Attribution | None:
+    """For the calls of span set `name`: how long their threads sat idle (see `Attribution`),
+    in all and per call, and which spans on other threads ran during that idle time, each with
+    its share ("kv_transfer sat idle 4.20 ms a call ...; during 96% of it dispatch ran on
+    thread main"). At most `limit` entries in `others`, the largest.
+
+    Calls are the spans of `name` that take time; instants are not calls. None when there
+    are none, or when the trace cannot be attributed (it never raises on an odd trace). Pass
+    `waiting=()` to count every span as work. Raises ValueError for an empty selection.
+    """
+    patterns = _patterns(name)
+    wait_patterns = _patterns(waiting) if waiting else ()
+    try:
+        return _idle_attribution(trace, patterns, wait_patterns, limit)
+    except (TypeError, ValueError, ArithmeticError):  # a hand-built Trace with odd values
+        return None
+
+
+def _idle_attribution(trace: Trace, patterns: tuple[str, ...], wait_patterns: tuple[str, ...],
+                      limit: int) -> Attribution | None:
+    is_call = _matcher(patterns)
+    is_wait = _matcher(wait_patterns) if wait_patterns else (lambda _: False)
+    by_thread: dict[ThreadKey, list[Span]] = defaultdict(list)
+    for span in trace.spans:
+        if span.dur_us > 0:
+            by_thread[span.thread].append(span)
+    call_threads = [t for t in sorted(by_thread, key=_thread_order)
+                    if any(is_call(s.name) for s in by_thread[t])]
+    if not call_threads:
+        return None
+    timelines = {t: _innermost(spans, is_wait) for t, spans in by_thread.items()}
+    calls = 0
+    idle_us = 0.0
+    unattributed = 0.0
+    per_thread: list[tuple[str, int, float]] = []
+    shared: dict[tuple[str, ThreadKey, bool], float] = defaultdict(float)
+    idle_calls = 0
+    longest: tuple[float, ThreadKey, Span, list[tuple[float, float]]] | None = None
+    for thread in call_threads:
+        spans = by_thread[thread]
+        per_call = _calls_idle(spans, is_call, is_wait, trace.start_us)
+        idle = _union(i for _, intervals in per_call for i in intervals)
+        thread_idle = _length(idle)
+        calls += len(per_call)
+        idle_us += thread_idle
+        per_thread.append((trace.thread_label(thread), len(per_call), thread_idle))
+        for call, intervals in per_call:
+            length = _length(intervals)
+            idle_calls += length > 0
+            if length > 0 and (longest is None or length > longest[0]):
+                longest = (length, thread, call, intervals)
+        others = {t: line for t, line in timelines.items() if t != thread}
+        _attribute(idle, others, shared)
+        covered = _union((s.start_us, s.end_us) for t in others for s in by_thread[t])
+        unattributed += thread_idle - _length(_intersect(idle, covered))
+    total = idle_us
+    if not math.isfinite(total):
+        return None
+    result_others = _shares(trace, shared, total, limit)
+    call_idle = None
+    if longest is not None:
+        length, thread, call, intervals = longest
+        mine: dict[tuple[str, ThreadKey, bool], float] = defaultdict(float)
+        _attribute(intervals, {t: line for t, line in timelines.items() if t != thread}, mine)
+        call_idle = CallIdle(thread=trace.thread_label(thread), start_us=call.start_us,
+                             end_us=call.end_us, idle_us=length,
+                             others=_shares(trace, mine, length, 3), offset_us=trace.start_us)
+    return Attribution(
+        name=patterns, waiting=wait_patterns, calls=calls, idle_calls=idle_calls,
+        idle_us=total, max_call_idle_us=longest[0] if longest is not None else 0.0,
+        unattributed_us=max(0.0, unattributed), threads=tuple(per_thread),
+        others=result_others, longest=call_idle,
+    )
+
+
+def _calls_idle(spans: list[Span], is_call: Callable[[str], bool],
+                is_wait: Callable[[str], bool], lo: float
+                ) -> list[tuple[Span, list[tuple[float, float]]]]:
+    """Each call on one thread with its idle intervals: the gap before it at its own nesting
+    level (since its parent started or its previous sibling ended; waits that are not calls
+    are no siblings), the waits inside it, and, for a call that is a wait, itself less the
+    work nested in it."""
+    order = sorted(spans, key=lambda s: (s.start_us, -s.end_us))
+    work = [s for s in order if not is_wait(s.name)]
+    work_starts = [s.start_us for s in work]
+    waits = _union((s.start_us, s.end_us) for s in order if is_wait(s.name))
+    wait_starts = [start for start, _ in waits]
+    stack: list[list[float]] = [[math.inf, lo, lo]]  # [end, start, end of the last child]
+    result = []
+    for span in (s for s in order if is_call(s.name) or not is_wait(s.name)):
+        while len(stack) > 1 and stack[-1][0] <= span.start_us:
+            done = stack.pop()
+            stack[-1][2] = max(stack[-1][2], done[0])
+        parent = stack[-1]
+        stack.append([span.end_us, span.start_us, span.start_us])
+        if not is_call(span.name):
+            continue
+        gap_start = max(parent[1], parent[2])
+        intervals = [(gap_start, span.start_us)] if span.start_us > gap_start else []
+        if is_wait(span.name):
+            first = bisect.bisect_left(work_starts, span.start_us)
+            inner = _union((w.start_us, w.end_us)
+                           for w in work[first:bisect.bisect_left(work_starts, span.end_us)]
+                           if w.end_us <= span.end_us)
+            intervals += _subtract([(span.start_us, span.end_us)], inner)
+        else:
+            intervals += _clip(waits, wait_starts, span.start_us, span.end_us)
+        result.append((span, _union(intervals)))
+    return result
+
+
+def _clip(intervals: list[tuple[float, float]], starts: list[float], lo: float,
+          hi: float) -> list[tuple[float, float]]:
+    """The parts of sorted, disjoint `intervals` (whose starts are `starts`) inside [lo, hi]."""
+    result = []
+    for index in range(max(bisect.bisect_right(starts, lo) - 1, 0), len(intervals)):
+        start, end = intervals[index]
+        if start >= hi:
+            break
+        if end > lo:
+            result.append((max(start, lo), min(end, hi)))
+    return result
+
+
+def _subtract(a: Sequence[tuple[float, float]],
+              b: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of sorted, disjoint `a` outside sorted, disjoint `b`."""
+    result = []
+    j = 0
+    for start, end in a:
+        cursor = start
+        while j < len(b) and b[j][1] <= cursor:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cursor:
+                result.append((cursor, b[k][0]))
+            cursor = max(cursor, b[k][1])
+            k += 1
+        if cursor < end:
+            result.append((cursor, end))
+    return result
+
+
+_Segment = tuple[float, float, str, bool]
+"""(start, end, span name, is a wait): a stretch in which that span is innermost on a thread."""
+
+
+def _innermost(spans: list[Span], is_wait: Callable[[str], bool]) -> list[_Segment]:
+    """One thread's timeline as disjoint segments, each naming the innermost open span: of
+    the spans open there, the last to start (then the first to end)."""
+    order = sorted(spans, key=lambda s: (s.start_us, -s.end_us))
+    bounds = sorted({s.start_us for s in order} | {s.end_us for s in order})
+    heap: list[tuple[float, float, int]] = []
+    segments: list[_Segment] = []
+    index = 0
+    for left, right in itertools.pairwise(bounds):
+        while index < len(order) and order[index].start_us <= left:
+            span = order[index]
+            heapq.heappush(heap, (-span.start_us, span.end_us, index))
+            index += 1
+        while heap and heap[0][1] <= left:
+            heapq.heappop(heap)
+        if not heap:
+            continue
+        span = order[heap[0][2]]
+        waits = is_wait(span.name)
+        if segments and segments[-1][1] == left and segments[-1][2:] == (span.name, waits):
+            segments[-1] = (segments[-1][0], right, span.name, waits)
+        else:
+            segments.append((left, right, span.name, waits))
+    return segments
+
+
+def _attribute(idle: Sequence[tuple[float, float]], timelines: Mapping[ThreadKey, list[_Segment]],
+               into: dict[tuple[str, ThreadKey, bool], float]) -> None:
+    """Add, per (span name, thread, is a wait), the part of `idle` each segment covers."""
+    for thread, segments in timelines.items():
+        i = j = 0
+        while i < len(idle) and j < len(segments):
+            start, end, name, waits = segments[j]
+            lo, hi = max(idle[i][0], start), min(idle[i][1], end)
+            if hi > lo:
+                into[(name, thread, waits)] += hi - lo
+            if idle[i][1] < end:
+                i += 1
+            else:
+                j += 1
+
+
+def _shares(trace: Trace, amounts: Mapping[tuple[str, ThreadKey, bool], float], total: float,
+            limit: int) -> tuple[IdleShare, ...]:
+    rows = [IdleShare(name=name, thread=trace.thread_label(thread), pid=thread[0],
+                      tid=thread[1], us=us, share=us / total if total > 0 else 0.0,
+                      waiting=waits)
+            for (name, thread, waits), us in amounts.items() if us > 0]
+    rows.sort(key=lambda r: (-r.us, r.name, r.thread))
+    return tuple(rows[:max(limit, 0)])
 
 
 @dataclass(frozen=True)

@@ -7,17 +7,22 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from infraops import views
+from infraops.login import LoginView, ThrottledAdminAuthenticationForm
 
 core = ([
     path("targets/<slug:name>/", views.target_detail, name="target"),
     path("experiments/<int:pk>/", views.experiment_detail, name="experiment"),
 ], "infraops")
 
+# The admin's own login page is throttled the same way.
+admin.site.login_form = ThrottledAdminAuthenticationForm
+
 urlpatterns = [
     path("", include(core)),
     path("", include("agents.urls")),
     path("reviews/", include("reviews.urls")),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    # Throttled: failed sign-ins lock a username or an address for a while (infraops/login.py).
+    path("accounts/login/", LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),

@@ -18,17 +18,28 @@ log = logging.getLogger(__name__)
 HEARTBEAT = 5.0
 TTL = int(HEARTBEAT * 3)
 PREFIX = "infraops:worker:"
+BOOT_PREFIX = "infraops:worker-boot:"  # <nodename> -> the boot token of its main process
 
 
 def _client() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
 
 
-def worker_beat(*, name: str, queues: list[str]) -> None:
+def worker_beat(*, name: str, queues: list[str], boot: str = "") -> None:
     with _client().pipeline() as pipe:
         for queue in queues:
             pipe.set(f"{PREFIX}{queue}:{name}", "1", ex=TTL)
+        if boot:
+            pipe.set(f"{BOOT_PREFIX}{name}", boot, ex=TTL)
         pipe.execute()
+
+
+def boot_alive(nodename: str, token: str) -> bool:
+    """Whether the worker boot `token` of `nodename` is still running (raises RedisError)."""
+    value = _client().get(f"{BOOT_PREFIX}{nodename}")
+    if isinstance(value, bytes):
+        value = value.decode()
+    return value == token
 
 
 def live_queues() -> set[str] | None:
@@ -54,13 +65,16 @@ def missing_worker_message(queue: str) -> str | None:
             f"`celery -A infraops worker -Q {queue}`.")
 
 
-class Heartbeat:
-    """A daemon thread beating for one worker process until stopped."""
+class Periodic:
+    """A daemon thread calling `tick()` every `interval` seconds until stopped. A tick that
+    raises is logged; the next one runs as planned."""
 
-    def __init__(self, name: str, queues: list[str]) -> None:
-        self.name, self.queues = name, queues
+    thread_name = "infraops-periodic"
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="infraops-heartbeat", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -68,10 +82,26 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
 
+    def tick(self) -> None:
+        raise NotImplementedError
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                worker_beat(name=self.name, queues=self.queues)
-            except redis.RedisError:
-                log.warning("worker heartbeat failed", exc_info=True)
-            self._stop.wait(HEARTBEAT)
+                self.tick()
+            except Exception:  # the thread must outlive any one bad tick
+                log.warning("%s failed", self.thread_name, exc_info=True)
+            self._stop.wait(self.interval)
+
+
+class Heartbeat(Periodic):
+    """Beats for one worker process until stopped."""
+
+    thread_name = "infraops-heartbeat"
+
+    def __init__(self, name: str, queues: list[str], boot: str = "") -> None:
+        super().__init__(HEARTBEAT)
+        self.name, self.queues, self.boot = name, queues, boot
+
+    def tick(self) -> None:
+        worker_beat(name=self.name, queues=self.queues, boot=self.boot)

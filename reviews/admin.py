@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
-from infraops.admin import RecordAdmin, RecordInline
+from infraops.admin import RecordAdmin, RecordInline, TargetScopedAdmin
 from infraops.roles import REVIEWER
 from infraops.services.admin_audit import audit_form_save
 from reviews.models import RISK_CLASSES, Change, ReviewComment, ReviewDecision, ReviewerProfile
@@ -30,7 +30,7 @@ class CommentInline(RecordInline):
 
 
 @admin.register(Change)
-class ChangeAdmin(RecordAdmin):
+class ChangeAdmin(TargetScopedAdmin, RecordAdmin):
     """View only: decisions are made on the review page, where the rules are enforced."""
 
     list_display = ["pk", "title", "target", "status", "created_at"]

@@ -1,6 +1,6 @@
 """Our own check of a diff before it is applied or submitted. Pure: no Django.
 
-ARCHITECTURE.md: every path inside the editable boundaries, none under .git, no symlink
+docs/product.md ("Git"): every path inside the editable boundaries, none under .git, no symlink
 leaving the repo, no .gitattributes/.gitmodules/CI files unless allowed, size caps,
 forbidden patterns never added, protected paths never touched.
 

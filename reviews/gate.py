@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infraops.analysis import CRITERION_KEYS
+from infraops.criteria import CRITERION_KEYS, criterion_name
 
 RISK_LAYERS = ("numerics", "concurrency", "production")
 UNCLASSIFIED = "unclassified"
@@ -180,7 +180,7 @@ def _criteria(facts: ChangeFacts) -> list[Check]:
     evidence = facts.evidence
     for spec in facts.criteria:
         name = f"criterion-{spec.get('id')}"
-        title = f"Criterion: {spec.get('description') or spec.get('metric')}"
+        title = f"Criterion: {criterion_name(spec)}"
         verdict = None
         if evidence is not None:
             verdict = next((v for v in evidence.criteria

@@ -7,7 +7,9 @@ user, so a dropped notice costs latency, never a wrong number (the next page loa
 from __future__ import annotations
 
 from django.contrib.auth.models import AnonymousUser, User
+from django.http import HttpRequest
 
+from infraops.access import scoped
 from infraops.live import notify
 from reviews.models import Change, ChangeQuerySet, ReviewerProfile
 
@@ -42,10 +44,22 @@ def assigned_classes(user_id: int) -> list[str]:
 
 
 def awaiting_for(user: User | AnonymousUser) -> ChangeQuerySet:
-    """What waits for this user: changes awaiting review of their classes, or every class."""
-    return awaiting_for_classes(reviewer_classes(user))
+    """What waits for this user: changes awaiting review of their classes (or every class)
+    on the targets they see."""
+    return scoped(awaiting_for_classes(reviewer_classes(user)), user)
 
 
 def awaiting_for_classes(classes: list[str]) -> ChangeQuerySet:
     changes = Change.objects.awaiting_review()
     return changes.for_classes(classes) if classes else changes
+
+
+def awaiting_count(request: HttpRequest, classes: list[str]) -> int:
+    """How many changes await review of these classes (every class for []) on the targets
+    the user sees, counted once per request: the dashboard's line and a generalist's
+    navigation count are one query."""
+    memo: dict[tuple[str, ...], int] = request.__dict__.setdefault("_infraops_awaiting", {})
+    key = tuple(sorted(classes))
+    if key not in memo:
+        memo[key] = scoped(awaiting_for_classes(list(key)), request.user).count()
+    return memo[key]

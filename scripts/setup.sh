@@ -17,7 +17,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-# Probes run as this dedicated non-root user inside bubblewrap (ARCHITECTURE.md).
+# Probes run as this dedicated non-root user inside bubblewrap (docs/product.md, "Sandbox").
 id -u infraops-sandbox >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin infraops-sandbox
 
 if [ ! -x .venv/bin/python ]; then

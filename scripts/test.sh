@@ -20,5 +20,32 @@ export REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379/14}"
 export DJANGO_ALLOW_ASYNC_UNSAFE=true  # Playwright's sync API runs an event loop in the test thread
 
 echo "== ruff"; .venv/bin/ruff check .
-echo "== mypy"; .venv/bin/mypy .
-echo "== pytest"; .venv/bin/pytest "$@"
+# mypy loads the settings (django-stubs), which refuse to start without a key outside DEBUG.
+echo "== mypy"; SECRET_KEY="${SECRET_KEY:-type-checking-only}" .venv/bin/mypy .
+if [ "$#" -gt 0 ]; then
+  echo "== pytest"; exec .venv/bin/pytest "$@"
+fi
+
+# The whole suite: the fuzz (CPU-bound page rendering, minutes) runs beside the rest, whose
+# end-to-end tests spend most of their time waiting on real processes. Its own test database
+# and Redis database, so the two never meet.
+with_path() {  # URL $1 with its path replaced by $2
+  .venv/bin/python -c 'import sys, urllib.parse as u
+print(u.urlunsplit(u.urlsplit(sys.argv[1])._replace(path=sys.argv[2])))' "$1" "$2"
+}
+fuzz_db="${TEST_FUZZ_DATABASE_URL:-$(with_path "$DATABASE_URL" /infraops_fuzz)}"
+fuzz_redis="${TEST_FUZZ_REDIS_URL:-$(with_path "$REDIS_URL" /15)}"
+fuzz_log="$(mktemp -t infraops-fuzz.XXXXXX)"
+echo "== pytest (the fuzz beside the rest; its output follows at the end)"
+DATABASE_URL="$fuzz_db" REDIS_URL="$fuzz_redis" .venv/bin/pytest -m fuzz -q >"$fuzz_log" 2>&1 &
+fuzz_pid=$!
+status=0
+.venv/bin/pytest -m "not fuzz" || status=$?
+fuzz_status=0
+wait "$fuzz_pid" || fuzz_status=$?
+echo "== pytest -m fuzz"
+cat "$fuzz_log"
+rm -f "$fuzz_log"
+# pytest exits 5 when it collects nothing: a suite without fuzz tests is not a failure.
+if [ "$fuzz_status" -ne 0 ] && [ "$fuzz_status" -ne 5 ]; then status=$fuzz_status; fi
+exit "$status"

@@ -6,17 +6,19 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import factory
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, User
+from django.db import connections
+from django.db.backends.signals import connection_created
 
 from infraops import gitops
-from infraops.models import AcceptanceCriterion, Boundary, Goal, Target
+from infraops.models import AcceptanceCriterion, Boundary, Goal, Target, TargetMembership
 from infraops.services.goals import goal_snapshot
-from infraops.services.targets import target_register
+from infraops.services.targets import first_role, target_add_role_holders, target_register
 
 EXAMPLE = Path(settings.BASE_DIR) / "examples" / "tiny-serving"
 
@@ -37,6 +39,32 @@ class UserFactory(factory.django.DjangoModelFactory[User]):
         self.is_staff = "engineer" in (extracted or ())
         self.save()
 
+    @factory.post_generation
+    def member_of(self, create: bool, extracted: Any, **kwargs: Any) -> None:
+        """The targets the user is a member of, in their first role: by default every target
+        that exists (so tests about roles keep the one-team world they were written in);
+        `member_of=[]` for none, or a list of targets."""
+        role = first_role(cast(User, self))
+        targets = Target.objects.all() if extracted is None else extracted
+        if role is not None:
+            for target in targets:
+                TargetMembership.objects.get_or_create(target=target, user=self,
+                                                       defaults={"role": role})
+
+
+def member(user: User, target: Target, role: str) -> User:
+    """The user holds `role` on the target (and in the global groups, as the admin has it)."""
+    user.groups.add(Group.objects.get_or_create(name=role)[0])
+    TargetMembership.objects.update_or_create(target=target, user=user, defaults={"role": role})
+    return user
+
+
+def members_of_new_target(target: Target) -> Target:
+    """Every user who holds a role joins the target in their first role (the test world's
+    one team; see UserFactory.member_of)."""
+    target_add_role_holders(target=target)
+    return target
+
 
 @pytest.fixture(autouse=True)
 def data_dir(settings: Any) -> Iterator[Path]:
@@ -47,6 +75,22 @@ def data_dir(settings: Any) -> Iterator[Path]:
     settings.DATA_DIR = path
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def leases_inside_the_test_transaction(request: pytest.FixtureRequest,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An experiment run in this process by a plain database test lives in the test's open
+    transaction, which the lease's heartbeat thread (its own connection) cannot see: a probe
+    slower than one beat (a loaded machine) would read as a lost lease. Such tests renew only
+    from their own thread's writes; transactional tests and real workers keep the heartbeat."""
+    marker = request.node.get_closest_marker("django_db")
+    transactional = bool({"transactional_db", "live_server"} & set(request.fixturenames)) or (
+        marker is not None and bool(marker.kwargs.get("transaction", marker.args[:1] == (True,))))
+    if not transactional:
+        from infraops.services import experiments
+
+        monkeypatch.setattr(experiments, "RENEW_EVERY", 24 * 3600.0)
 
 
 @pytest.fixture
@@ -81,8 +125,9 @@ def example_source(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def example_target(db: None, tmp_path: Path) -> Target:
-    return target_register(name="tiny-serving", repo_url=str(make_origin(tmp_path)),
-                           base_branch="main", push_on_merge=True)
+    return members_of_new_target(target_register(
+        name="tiny-serving", repo_url=str(make_origin(tmp_path)), base_branch="main",
+        push_on_merge=True))
 
 
 @pytest.fixture
@@ -95,3 +140,32 @@ def example_goal(example_target: Target, engineer: User) -> Goal:
                                        metric="latency_ms", comparison="<=", value=-0.05)
     goal_snapshot(goal=goal, user=engineer)
     return goal
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Browser tests run last. Playwright's sync API keeps an event loop running in the test
+    thread for the rest of the session once a browser starts, and every later async_to_sync
+    in that thread (the websocket tests, live notifications) would then refuse to run. Runs
+    after pytest-django's own ordering, keeping it within each part."""
+    browser = [item for item in items if item.get_closest_marker("browser")]
+    if browser:
+        items[:] = [item for item in items if not item.get_closest_marker("browser")] + browser
+
+
+@pytest.fixture
+def close_thread_connections() -> Iterator[None]:
+    """Websocket consumers run their database calls on other threads, each with its own
+    connection, which would outlive the test and block dropping the test database: close
+    them when the test ends."""
+    made: list[Any] = []
+
+    def record(sender: Any, connection: Any, **kwargs: Any) -> None:
+        made.append(connection)
+
+    connection_created.connect(record, dispatch_uid="tests-close-thread-connections")
+    yield
+    connection_created.disconnect(dispatch_uid="tests-close-thread-connections")
+    for wrapper in made:
+        if wrapper is not connections["default"] and wrapper.connection is not None:
+            wrapper.connection.close()

@@ -18,13 +18,15 @@ import shlex
 import shutil
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import DateTimeField, F, Q, Value
@@ -32,11 +34,11 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from infraops import gitops, sandbox
-from infraops.analysis import SampleRow, compare_samples
 from infraops.errors import DomainError
-from infraops.manifest import Manifest, ManifestError, Probe, parse_manifest
-from infraops.models import Experiment, ProbeExecution, Target, variant_key
-from infraops.services.analysis import attempt_executions, attempt_samples, experiment_feedback
+from infraops.manifest import Manifest, ManifestError, Probe
+from infraops.models import Experiment, ProbeExecution, Target, parse_variant, variant_key
+from infraops.samples import SampleRow, compare_samples, per_execution_rows
+from infraops.services.feedback import attempt_executions, attempt_samples, experiment_feedback
 from infraops.services.results import (
     LogStream,
     artifacts_collect,
@@ -46,6 +48,7 @@ from infraops.services.results import (
     read_metrics,
     samples_copy,
 )
+from infraops.services.targets import target_manifest_at
 from infraops.signals import experiment_finished
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,29 @@ RENEW_EVERY = 15.0
 REQUEUE_QUEUED_AFTER = timedelta(minutes=2)
 KEPT_OUTPUT_BYTES = 64_000
 SIDES = (ProbeExecution.Side.BASELINE, ProbeExecution.Side.CANDIDATE)
+DEFAULT_MARGIN = 0.01
+MAX_MARGIN = 0.5
+
+
+def margin_of(goal_spec: dict[str, Any] | None) -> float:
+    """The equivalence margin a goal version asks for: its smallest meaningful effect, else
+    DEFAULT_MARGIN."""
+    value = (goal_spec or {}).get("min_effect")
+    return _clamped(float(value)) if isinstance(value, int | float) else DEFAULT_MARGIN
+
+
+def margin_metric_of(goal_spec: dict[str, Any] | None) -> str:
+    """The goal's own metric, "probe.metric": the one its smallest meaningful effect is of."""
+    spec = goal_spec or {}
+    return f"{spec['probe']}.{spec['metric']}" if spec.get("probe") and spec.get("metric") else ""
+
+
+def _clamped(margin: float | None) -> float:
+    """A usable margin: (0, MAX_MARGIN]; anything else is the default (a margin at or over 1
+    would make every comparison fail to compute, so no regression could block)."""
+    if margin is None or not (0 < margin <= MAX_MARGIN):
+        return DEFAULT_MARGIN
+    return margin
 
 
 def worker_name() -> str:
@@ -80,12 +106,61 @@ def select_probes(manifest: Manifest, names: Sequence[str], changed: Sequence[st
     return sorted(chosen, key=lambda p: p.cost)
 
 
+MAX_CELLS_NAMED = 20  # cells listed in an error about an unknown cell
+
+
+def chosen_variants(probes: Sequence[Probe], variants: Mapping[str, Sequence[str]] | None
+                    ) -> dict[str, list[str]]:
+    """The variant cells asked for, per probe, canonical (variant_key) and in matrix order.
+
+    Each key must name one of `probes`, and each cell one of that probe's variant_matrix
+    cells; a cell may be written with its keys in any order and spaces around '=' and ','.
+    DomainError names the probe's cells otherwise. None or {} means every cell of every probe.
+    """
+    by_name = {probe.name: probe for probe in probes}
+    result: dict[str, list[str]] = {}
+    for name, cells in (variants or {}).items():
+        probe = by_name.get(name)
+        if probe is None:
+            raise DomainError(f"Variants name probe {name!r}, which this experiment does not "
+                              f"run; its probes: {', '.join(by_name) or 'none'}.")
+        wanted = {_cell_key(probe, cell) for cell in cells}
+        if not wanted:
+            raise DomainError(f"No variant cell chosen for probe {name!r}: list at least one, "
+                              "or leave the probe out to run every cell.")
+        result[name] = [key for key in map(variant_key, probe.variant_matrix()) if key in wanted]
+    return result
+
+
+def _cell_key(probe: Probe, cell: str) -> str:
+    """`cell` of `probe` as variant_key spells it; DomainError naming the cells when the
+    probe has no such cell."""
+    keys = [variant_key(v) for v in probe.variant_matrix()]
+    try:
+        key = variant_key(parse_variant(cell))
+    except ValueError as exc:
+        key, problem = None, f" ({exc})"
+    else:
+        problem = ""
+    if key in keys:
+        return key
+    shown = ", ".join(f"[{k}]" if k else "[] (no variants)" for k in keys[:MAX_CELLS_NAMED])
+    more = f" and {len(keys) - MAX_CELLS_NAMED} more" if len(keys) > MAX_CELLS_NAMED else ""
+    raise DomainError(f"Probe {probe.name!r} has no variant cell {cell!r}{problem}; its cells: "
+                      f"{shown}{more}.")
+
+
 def experiment_request(
     *, target: Target, candidate_commit: str, baseline_commit: str,
     probes: Sequence[str] = (), origin: str = "", stop_on_failure: bool = True,
-    criteria: Sequence[dict[str, Any]] = (),
+    criteria: Sequence[dict[str, Any]] = (), margin: float | None = None,
+    margin_metric: str = "", variants: Mapping[str, Sequence[str]] | None = None,
 ) -> Experiment:
-    """Queue an experiment; its task is sent after commit, to the queue its probes need."""
+    """Queue an experiment; its task is sent after commit, to the queue its probes need.
+    `margin` is the equivalence margin of the comparisons of `margin_metric` ("probe.metric";
+    blank: of every metric); other metrics use DEFAULT_MARGIN. `variants` runs only the named
+    cells of the probes it names (see chosen_variants; DomainError when one does not exist);
+    the probes it does not name run every cell."""
     manifest = target.manifest()
     if manifest is None:
         raise DomainError(f"{target.name} has no valid infraops.toml: fix it before experimenting.")
@@ -97,11 +172,14 @@ def experiment_request(
     if not chosen:
         raise DomainError("No probe covers the changed paths ("
                           + (", ".join(changed[:5]) or "none") + ") and none is marked always.")
+    cells = chosen_variants(chosen, variants)
     experiment = Experiment.objects.create(
         target=target, candidate_commit=candidate_commit, baseline_commit=baseline_commit,
-        probes=[p.name for p in chosen], changed_paths=changed[:1000], queue=queue_for(chosen),
+        probes=[p.name for p in chosen], variants=cells, changed_paths=changed[:1000],
+        queue=queue_for(chosen),
         origin=origin, manifest_sha256=target.manifest_sha256, stop_on_failure=stop_on_failure,
         enqueued_at=timezone.now(), criteria=list(criteria),
+        margin=_clamped(margin), margin_metric=margin_metric[:201],
     )
     _send_after_commit(experiment.pk, experiment.queue)
     return experiment
@@ -169,6 +247,27 @@ def experiment_claim(*, experiment_id: int, worker: str) -> Experiment | None:
         experiment.save(update_fields=["status", "attempts", "claimed_by", "lease_expires_at",
                                        "started_at"])
     return experiment
+
+
+def experiment_cancel(*, experiment: Experiment, reason: str) -> bool:
+    """Cancel `experiment` while it is still queued: it becomes CANCELLED with `reason` as its
+    failure_reason and finished_at set, and the worker that later receives its task finds
+    nothing to claim (experiment_claim takes only queued or running ones). True when it was
+    cancelled; False when it had already been claimed or finished: a running experiment is
+    left to run. `experiment` is refreshed when it was cancelled. Runs waiting for it wake
+    (experiment_finished, after the commit)."""
+    with transaction.atomic():
+        cancelled = Experiment.objects.filter(
+            pk=experiment.pk, status=Experiment.Status.QUEUED,
+        ).update(status=Experiment.Status.CANCELLED, failure_reason=reason,
+                 finished_at=timezone.now(), lease_expires_at=None)
+        if cancelled:
+            pk = experiment.pk
+            transaction.on_commit(lambda: experiment_finished.send(Experiment, experiment_id=pk))
+    if cancelled:
+        experiment.refresh_from_db(fields=["status", "failure_reason", "finished_at",
+                                           "lease_expires_at"])
+    return bool(cancelled)
 
 
 def experiment_give_up(*, experiment_id: int, worker: str, reason: str) -> bool:
@@ -263,10 +362,64 @@ def experiment_execute(*, experiment_id: int, worker: str | None = None) -> Expe
         return None
     except (DomainError, sandbox.SandboxUnavailable, gitops.GitError, ManifestError) as exc:
         _finish(lease, failure=str(exc))
+    except SoftTimeLimitExceeded:
+        raise  # the task fails it with the limit in words (infraops.tasks)
+    except Exception as exc:
+        # Anything else (a bug, a value a column refuses, a database error): the experiment
+        # fails with the cause in words instead of staying running until the reaper calls it
+        # poison with the cause only in this worker's log.
+        log.exception("experiment %s attempt %s failed unexpectedly", experiment.pk,
+                      lease.attempt)
+        _fail_unexpectedly(lease, unexpected_reason(exc))
     finally:
         _cleanup(workdir)
     experiment.refresh_from_db()
     return experiment
+
+
+UNEXPECTED_MESSAGE_CHARS = 500
+
+
+def unexpected_reason(exc: BaseException) -> str:
+    """An unexpected error in words: its type, its message and where in our code it was
+    raised (the innermost frame of the project's own files)."""
+    message = " ".join(str(exc).split()) or "(no message)"
+    if len(message) > UNEXPECTED_MESSAGE_CHARS:
+        message = message[:UNEXPECTED_MESSAGE_CHARS] + "..."
+    base = Path(settings.BASE_DIR).resolve()
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(base) and ".venv" not in path.relative_to(base).parts:
+            where = f" (at {path.relative_to(base).as_posix()}:{frame.lineno} in {frame.name})"
+            break
+    return (f"unexpected error {type(exc).__name__}: {message}{where}; the worker's log has "
+            "the traceback")
+
+
+def _fail_unexpectedly(lease: _Lease, reason: str) -> None:
+    """Fail the attempt with `reason`: with its summary when the samples can still be read,
+    else with the reason alone. Raises only when the database cannot record it (the lease then
+    expires and the reaper retries the experiment)."""
+    if (connection.errors_occurred and not connection.in_atomic_block
+            and not connection.is_usable()):
+        connection.close()  # a broken connection: the next query opens a new one
+    try:
+        _finish(lease, failure=reason)
+    except LeaseLost:
+        return
+    except Exception:
+        log.exception("experiment %s: the summary of a failed attempt could not be made",
+                      lease.experiment_id)
+        with transaction.atomic():
+            failed = Experiment.objects.filter(
+                pk=lease.experiment_id, claimed_by=lease.worker, attempts=lease.attempt,
+                status=Experiment.Status.RUNNING,
+            ).update(status=Experiment.Status.FAILED, failure_reason=reason,
+                     finished_at=timezone.now(), lease_expires_at=None)
+            if failed:
+                transaction.on_commit(lambda: experiment_finished.send(
+                    Experiment, experiment_id=lease.experiment_id))
 
 
 @dataclass
@@ -290,30 +443,55 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
     # The manifest at the baseline (protected from agent edits) defines what runs and how.
     manifest = _baseline_manifest(experiment)
     probes = select_probes(manifest, list(experiment.probes), [])
-    identity = sandbox.sandbox_identity()
     trees = {str(side): workdir / side for side in SIDES}
     commits = {"baseline": experiment.baseline_commit, "candidate": experiment.candidate_commit}
+    # One identity for the attempt's checkouts and runs: a uid of its own where the process
+    # limit is per uid (infraops.sandbox.sandbox_identity_lease).
+    with sandbox.sandbox_identity_lease(settings.SANDBOX_UID_POOL) as identity:
 
-    def checkout(side: str) -> None:
-        gitops.tree_export(repo, commits[side], trees[side])
-        sandbox.sandbox_prepare_dir(trees[side], identity)
+        def checkout(side: str) -> None:
+            gitops.tree_export(repo, commits[side], trees[side])
+            sandbox.sandbox_prepare_dir(trees[side], identity)
 
-    def prepare_candidate() -> dict[str, str | None]:
-        checkout("candidate")
-        return _probe_file_ids(experiment, probes)  # git only: no database on this thread
+        def prepare_candidate() -> dict[str, str | None]:
+            checkout("candidate")
+            return _probe_file_ids(experiment, probes)  # git only: no database on this thread
 
-    checkout("baseline")
-    # The candidate's checkout overlaps the baseline's first run (ABBA starts with the
-    # baseline).
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        candidate_ready = pool.submit(prepare_candidate)
-        attempt = _Attempt(experiment, lease, workdir, identity, trees,
-                           before_candidate=candidate_ready.result)
-        failures = _run_all(attempt, probes)
-        ids = candidate_ready.result()
+        checkout("baseline")
+        # The candidate's checkout overlaps the baseline's first run (ABBA starts with the
+        # baseline).
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            candidate_ready = pool.submit(prepare_candidate)
+            attempt = _Attempt(experiment, lease, workdir, identity, trees,
+                               before_candidate=candidate_ready.result)
+            failures = _run_all(attempt, probes)
+            ids = candidate_ready.result()
     executions = attempt_executions(experiment.pk, lease.attempt)
+    left = {side: left_behind(trees[side], set(gitops.list_files(repo, commits[side])))
+            for side in commits}
     _finish(lease, failure="; ".join(failures), rows=attempt.samples, probe_files=ids,
-            feedback=experiment_feedback(experiment, manifest, executions, attempt.samples))
+            feedback=experiment_feedback(experiment, manifest, executions, attempt.samples,
+                                         left_behind=left))
+
+
+LEFT_BEHIND_LIMIT = 20_000
+
+
+def left_behind(tree: Path, committed: set[str]) -> list[str]:
+    """Files in a side's checkout after its executions that its commit does not hold, bytecode
+    caches excepted: what the probe (or the code under test) left for the next execution."""
+    found: list[str] = []
+    seen = 0
+    for folder, dirs, files in os.walk(tree):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            seen += 1
+            if seen > LEFT_BEHIND_LIMIT:
+                return sorted(found)
+            path = Path(folder, name).relative_to(tree).as_posix()
+            if path not in committed and not name.endswith((".pyc", ".pyo")):
+                found.append(path)
+    return sorted(found)
 
 
 def _run_all(attempt: _Attempt, probes: Sequence[Probe]) -> list[str]:
@@ -330,13 +508,7 @@ def _run_all(attempt: _Attempt, probes: Sequence[Probe]) -> list[str]:
 def _baseline_manifest(experiment: Experiment) -> Manifest:
     """The manifest at the baseline (protected from agent edits): it defines what runs and
     how. The target's stored copy when the baseline is the commit it was read at."""
-    target = experiment.target
-    if experiment.baseline_commit == target.manifest_commit and target.manifest_text:
-        return parse_manifest(target.manifest_text)
-    raw = gitops.read_file(target.clone_path, experiment.baseline_commit, "infraops.toml")
-    if raw is None:
-        raise DomainError("infraops.toml is missing at the baseline revision.")
-    return parse_manifest(raw.decode("utf-8", "replace"))
+    return target_manifest_at(target=experiment.target, commit=experiment.baseline_commit)
 
 
 def _probe_file_ids(experiment: Experiment, probes: Sequence[Probe]) -> dict[str, str | None]:
@@ -346,42 +518,120 @@ def _probe_file_ids(experiment: Experiment, probes: Sequence[Probe]) -> dict[str
 
 
 def _run_probe(attempt: _Attempt, probe: Probe) -> str:
-    """Run every variant and repeat of one probe, sides interleaved ABBA (the first side
-    alternates per repeat). Returns a failure
-    sentence, or '' when every execution exited 0."""
-    seed = random.SystemRandom().randrange(2**31)
-    for variant in probe.variant_matrix():
+    """Run the variant cells of one probe the experiment chose (every cell unless its
+    `variants` names the probe): its warm-ups, then its repeats, sides interleaved ABBA
+    (the side that runs first alternates). Returns a failure sentence, or '' when every
+    execution exited 0.
+
+    Warm-ups pay the one-time costs of a fresh checkout (bytecode compilation, cold caches;
+    +3.6% to +22% instructions measured on first runs) and are never samples. They run under
+    a second seed, so their outputs also tell whether the outputs follow the input (the integrity
+    check of infraops/services/feedback.py); with `warmup = 0` that second-seed execution runs
+    after the samples, when the probe writes outputs.
+    """
+    rng = random.SystemRandom()
+    seed = rng.randrange(2**31)
+    check_seed = (seed + 1 + rng.randrange(2**31 - 1)) % 2**31  # never equal to seed
+    for variant in attempt.experiment.variant_cells(probe):
         key = variant_key(variant)
-        for repeat in range(probe.repeat):
-            # ABBA: the side that runs first alternates, so an order effect cancels out.
-            sides = list(attempt.trees.items())
-            order = sides if repeat % 2 == 0 else sides[::-1]
-            for side, tree in order:
-                if side == "candidate":
-                    attempt.before_candidate()  # its checkout is ready (or raises its error)
-                attempt.lease.check()
-                out = attempt.workdir / "out" / f"{probe.name}-{side}-{key}-{repeat}"
-                out.mkdir(parents=True)
-                sandbox.sandbox_prepare_dir(out, attempt.identity)
-                label = f"{probe.name} {side} [{key or 'default'}] #{repeat}"
-                stream = LogStream(attempt.experiment.pk, label)
-                env = {k.upper(): v for k, v in variant.items()} | {
-                    "INFRAOPS_SEED": str(seed), "INFRAOPS_REPEAT": str(repeat),
-                }
-                try:
-                    result = sandbox.sandbox_run(
-                        sandbox.SandboxSpec(
-                            command=measured_command(probe), workdir=tree, out_dir=out, env=env,
-                            limits=sandbox.SandboxLimits(wall_seconds=probe.timeout),
-                        ),
-                        identity=attempt.identity, on_output=stream,
-                    )
-                finally:
-                    stream.close()
-                attempt.samples += _record(attempt, probe.name, side, key, repeat, result, out)
-                if result.reason != "ok":
-                    return f"probe {label} failed: {result.detail}"
+        plan = [_Slot(-index, check_seed) for index in range(probe.warmup, 0, -1)]
+        plan += [_Slot(repeat, seed) for repeat in range(probe.repeat)]
+        for slot in plan:  # warm-ups baseline first; repeats ABBA from the baseline
+            flip = slot.repeat > 0 and slot.repeat % 2 == 1
+            failure = _run_slot(attempt, probe, variant, slot, flip=flip)
+            if failure:
+                return failure
+        if probe.warmup == 0 and _wrote_outputs(attempt, probe, key):
+            failure = _run_slot(attempt, probe, variant, _Slot(-1, check_seed),
+                                flip=probe.repeat % 2 == 1)
+            if failure:
+                return failure
     return ""
+
+
+@dataclass(frozen=True)
+class _Slot:
+    repeat: int  # negative: a warm-up (or the second-seed check), never a sample
+    seed: int
+
+
+def _out_dir(attempt: _Attempt, probe: Probe, side: str, key: str, repeat: int) -> Path:
+    return attempt.workdir / "out" / f"{probe.name}-{side}-{key}-{repeat}"
+
+
+def _wrote_outputs(attempt: _Attempt, probe: Probe, key: str) -> bool:
+    outputs = _out_dir(attempt, probe, "baseline", key, 0) / "outputs"
+    return outputs.is_dir() and not outputs.is_symlink() and any(outputs.iterdir())
+
+
+def execution_label(probe: str, side: str, variant: str, repeat: int) -> str:
+    which = "warm-up" if repeat < 0 else f"#{repeat}"
+    return f"{probe} {side} [{variant or 'default'}] {which}"
+
+
+def _run_slot(attempt: _Attempt, probe: Probe, variant: dict[str, str], slot: _Slot, *,
+              flip: bool) -> str:
+    """Both sides of one slot, baseline first unless `flip`."""
+    key = variant_key(variant)
+    sides = list(attempt.trees.items())
+    for side, tree in (sides[::-1] if flip else sides):
+        if side == "candidate":
+            attempt.before_candidate()  # its checkout is ready (or raises its error)
+        attempt.lease.check()
+        out = _out_dir(attempt, probe, side, key, slot.repeat)
+        out.mkdir(parents=True)
+        sandbox.sandbox_prepare_dir(out, attempt.identity)
+        label = execution_label(probe.name, side, key, slot.repeat)
+        stream = LogStream(attempt.experiment.pk, label)
+        env = probe_environment(variant, seed=slot.seed, repeat=slot.repeat)
+        try:
+            result = sandbox.sandbox_run(
+                sandbox.SandboxSpec(
+                    command=measured_command(probe), workdir=tree, out_dir=out, env=env,
+                    limits=probe_sandbox_limits(probe),
+                ),
+                identity=attempt.identity, on_output=stream,
+            )
+        finally:
+            stream.close()
+        attempt.samples += _record(attempt, probe.name, side, key, slot, result, out,
+                                   metrics_expected=bool(probe.metrics))
+        if result.reason != "ok":
+            return f"probe {label} failed: {result.detail}"
+    return ""
+
+
+def probe_sandbox_limits(probe: Probe) -> sandbox.SandboxLimits:
+    """The sandbox limits of one execution of `probe`: its timeout, and the processes,
+    memory_mb and disk_mb it asks for (the manifest keys, where the manifest has them) within
+    the operator's maxima (settings.SANDBOX_MAX_*). DomainError for a value over a maximum."""
+    maxima = sandbox.SandboxMaxima(
+        processes=settings.SANDBOX_MAX_PROCESSES, memory_mb=settings.SANDBOX_MAX_MEMORY_MB,
+        disk_mb=settings.SANDBOX_MAX_DISK_MB)
+    try:
+        return sandbox.probe_limits(
+            wall_seconds=probe.timeout, maxima=maxima,
+            processes=probe.processes, memory_mb=probe.memory_mb, disk_mb=probe.disk_mb)
+    except ValueError as exc:
+        raise DomainError(f"Probe {probe.name!r}: {exc}.") from None
+
+
+def probe_environment(variant: dict[str, str], *, seed: int, repeat: int) -> dict[str, str]:
+    """What a probe execution is told (docs/feedback-contract.md, "What a probe sees")."""
+    # A warm-up is told nothing that sets it apart (INFRAOPS_REPEAT is 0, as for the first
+    # sample): code under test that could tell would behave differently when measured.
+    return {k.upper(): v for k, v in variant.items()} | {
+        "INFRAOPS_SEED": str(seed), "INFRAOPS_REPEAT": str(max(repeat, 0)),
+    }
+
+
+def reproduce_command(probe: Probe, execution: ProbeExecution, commit: str) -> str:
+    """A shell line that reruns one execution outside InfraOps, in a checkout of `commit`."""
+    variant = dict(part.split("=", 1) for part in execution.variant.split(",") if "=" in part)
+    env = probe_environment(variant, seed=execution.seed or 0, repeat=execution.repeat_index)
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    return (f"git checkout {commit[:12]} && INFRAOPS_OUT=$(mktemp -d) {assignments} "
+            f"sh -c {shlex.quote(probe.command)}")
 
 
 CALLGRIND_PREFIX = "callgrind."
@@ -389,7 +639,7 @@ CALLGRIND_PREFIX = "callgrind."
 
 def measured_command(probe: Probe) -> str:
     """The probe's command, under callgrind when it asks for instruction counts: wall time on
-    shared machines varies by 16-29%, instruction counts by 0.03% (ARCHITECTURE.md)."""
+    shared machines varies by 16-29%, instruction counts by 0.03% (docs/product.md, "Stack")."""
     if probe.measure != "instructions":
         return probe.command
     output = f"/out/{CALLGRIND_PREFIX}%p.out"
@@ -398,20 +648,27 @@ def measured_command(probe: Probe) -> str:
 
 
 def _record(
-    attempt: _Attempt, probe: str, side: str, variant: str, repeat: int,
-    result: sandbox.SandboxResult, out: Path,
+    attempt: _Attempt, probe: str, side: str, variant: str, slot: _Slot,
+    result: sandbox.SandboxResult, out: Path, *, metrics_expected: bool = True,
 ) -> list[SampleRow]:
-    """Store one execution with its samples and artifacts; returns the samples stored."""
+    """Store one execution with its samples and artifacts; returns the samples stored. A
+    warm-up's metrics are read (a malformed file is still named) but never stored as samples."""
     experiment, lease = attempt.experiment, attempt.lease
+    repeat = slot.repeat
     rows, problems = read_metrics(out / "metrics.jsonl")
+    if not metrics_expected and not (out / "metrics.jsonl").exists():
+        problems = []  # a correctness probe may report no metrics (its verdict is outputs/)
     rows += instruction_rows(out)
+    if repeat < 0:
+        rows = []
     artifacts, more = artifacts_collect(out)  # files first, outside the transaction
     try:
         with transaction.atomic():
             lease.renew()  # locks the row: nobody else writes for this attempt meanwhile
             execution = ProbeExecution.objects.create(
                 experiment=experiment, attempt=lease.attempt, probe=probe, side=side,
-                variant=variant, repeat_index=repeat, exit_code=result.exit_code,
+                variant=variant, repeat_index=repeat, seed=slot.seed,
+                exit_code=result.exit_code,
                 reason=result.reason, wall_seconds=result.wall_seconds,
                 detail="\n".join([result.detail, *problems, *more]).strip(),
                 stdout=printable(result.stdout[-KEPT_OUTPUT_BYTES:]),
@@ -439,7 +696,7 @@ def _finish(lease: _Lease, *, failure: str, feedback: dict[str, Any] | None = No
     if rows is None:
         rows = attempt_samples(attempt_executions(lease.experiment_id, lease.attempt))
     summary = {"attempt": lease.attempt,
-               "comparisons": [c.as_dict() for c in compare_samples(rows)]}
+               "comparisons": [c.as_dict() for c in compare_samples(per_execution_rows(rows))]}
     finished = Experiment.objects.filter(  # one statement: committed when it returns
         pk=lease.experiment_id, claimed_by=lease.worker, attempts=lease.attempt,
         status=Experiment.Status.RUNNING,

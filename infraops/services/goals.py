@@ -21,6 +21,9 @@ def metric_problem(manifest: Manifest | None, probe: str, metric: str) -> str | 
         names = ", ".join(p.name for p in manifest.probes) or "none"
         return f"The manifest has no probe {probe!r} (probes: {names})."
     if metric not in found.metrics:
+        if not found.metrics:
+            return (f"Probe {probe!r} reports no metric {metric!r}: it lists no metrics (a "
+                    "correctness probe is judged on its outputs).")
         reported = ", ".join(found.metrics)
         return f"Probe {probe!r} reports no metric {metric!r} (it reports: {reported})."
     return None
@@ -37,6 +40,7 @@ def goal_spec(goal: Goal) -> dict[str, Any]:
         "direction": goal.direction,
         "relative_target": goal.relative_target,
         "absolute_target": goal.absolute_target,
+        "min_effect": goal.min_effect,
         "policy": goal.policy,
         "model_name": goal.model_name,
         "auto_merge": goal.auto_merge,

@@ -12,8 +12,9 @@ from django.utils import timezone
 
 from infraops import gitops
 from infraops.errors import DomainError
-from infraops.manifest import ManifestError, parse_manifest
-from infraops.models import Target
+from infraops.manifest import Manifest, ManifestError, parse_manifest
+from infraops.models import Target, TargetMembership
+from infraops.roles import ROLES
 from infraops.services.audit import audit_record
 
 MANIFEST_PATH = "infraops.toml"
@@ -46,6 +47,30 @@ def target_register(
     return target
 
 
+def first_role(user: User) -> str | None:
+    """The user's first global role in the order engineer, reviewer, viewer."""
+    names = set(user.groups.values_list("name", flat=True))
+    return next((role for role in ROLES if role in names), None)
+
+
+def target_add_role_holders(*, target: Target, actor: User | None = None) -> list[User]:
+    """Every user who holds a global role and is not a member of `target` yet joins it in
+    their first role (superusers see every target without). For a new installation's first
+    target: `manage.py load_example`, and `adduser --target`. Returns who joined."""
+    joined = []
+    for user in User.objects.filter(is_superuser=False, groups__name__in=ROLES).distinct():
+        role = first_role(user)
+        if role is None:
+            continue
+        _, created = TargetMembership.objects.get_or_create(target=target, user=user,
+                                                            defaults={"role": role})
+        if created:
+            audit_record(actor=actor, action="target.member_add", obj=target,
+                         data={"user": user.get_username(), "role": role})
+            joined.append(user)
+    return joined
+
+
 def target_clone(*, target: Target) -> None:
     """Make (or remake) InfraOps' bare clone of the target's repository."""
     dest = target.clone_path
@@ -56,6 +81,18 @@ def target_clone(*, target: Target) -> None:
         gitops.repo_clone_bare(target.repo_url, dest)
     except gitops.GitError as exc:
         raise DomainError(f"Cloning {target.repo_url!r} failed: {exc}") from None
+
+
+def target_manifest_at(*, target: Target, commit: str) -> Manifest:
+    """The target's infraops.toml at `commit`: its stored copy when that is the commit it was
+    read at, else read from git. DomainError when the commit has none; ManifestError when it
+    does not parse."""
+    if commit == target.manifest_commit and target.manifest_text:
+        return parse_manifest(target.manifest_text)
+    raw = gitops.read_file(target.clone_path, commit, "infraops.toml")
+    if raw is None:
+        raise DomainError(f"infraops.toml is missing at {commit[:10]}.")
+    return parse_manifest(raw.decode("utf-8", "replace"))
 
 
 def target_refresh_manifest(*, target: Target) -> Target:

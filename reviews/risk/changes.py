@@ -22,7 +22,7 @@ from __future__ import annotations
 import difflib
 import keyword
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from reviews.risk.diff import ADDED, CONTEXT, DiffLine
@@ -53,6 +53,15 @@ def changed_tokens(lines: Sequence[DiffLine], lexed: Sequence[Lexed],
                    renamed: Renamed = lambda old, new: True) -> dict[int, LineChange]:
     """The changed tokens of every changed line of one hunk (see the module docstring)."""
     out: dict[int, LineChange] = {}
+    for run in change_runs(lines):
+        removed = [k for k in run if lines[k].kind != ADDED]
+        added = [k for k in run if lines[k].kind == ADDED]
+        _compare(removed, added, lexed, significant, renamed, out)
+    return out
+
+
+def change_runs(lines: Sequence[DiffLine]) -> Iterator[range]:
+    """The index ranges of each run of changed (non-context) lines of one hunk."""
     i = 0
     while i < len(lines):
         if lines[i].kind == CONTEXT:
@@ -61,11 +70,8 @@ def changed_tokens(lines: Sequence[DiffLine], lexed: Sequence[Lexed],
         j = i
         while j < len(lines) and lines[j].kind != CONTEXT:
             j += 1
-        removed = [k for k in range(i, j) if lines[k].kind != ADDED]
-        added = [k for k in range(i, j) if lines[k].kind == ADDED]
-        _compare(removed, added, lexed, significant, renamed, out)
+        yield range(i, j)
         i = j
-    return out
 
 
 _Tok = tuple[int, Token]

@@ -167,7 +167,7 @@ def analyse_code(change: FileChange, lexer: Callable[[Sequence[str]], list[Lexed
         if item.context.kernel:
             hits.pop(THREADS, None)  # a kernel's "threads" are GPU lanes, not host threads
         if extra is not None:
-            for signature, text in extra(item):
+            for signature, text in extra(item):  # a callable, not QuerySet.extra  # nosec B610
                 hits.setdefault(signature.rule, (signature, text))
         _drop_weak(hits)
         per_line.append((item, hits))

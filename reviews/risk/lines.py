@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from reviews.risk.changes import LineChange, bound_names, changed_tokens
+from reviews.risk.changes import LineChange, bound_names, change_runs, changed_tokens
 from reviews.risk.context import Context
 from reviews.risk.diff import ADDED, CONTEXT, REMOVED, DiffLine, FileChange, Hunk
 from reviews.risk.findings import MAX_TEXT, Finding
@@ -106,15 +106,7 @@ def _drop_annotation_changes(lines: Sequence[DiffLine], lexed: Sequence[Lexed],
                              ) -> None:
     """A run of changed lines that only adds or edits type hints in a signature (`x` ->
     `x: torch.Tensor`, `-> torch.dtype`) changes no behaviour: forget its changes."""
-    i = 0
-    while i < len(lines):
-        if lines[i].kind == CONTEXT:
-            i += 1
-            continue
-        j = i
-        while j < len(lines) and lines[j].kind != CONTEXT:
-            j += 1
-        run = range(i, j)
+    for run in change_runs(lines):
         if all(context[k].header for k in run):
             old = _without_annotations(t.text for k in run if lines[k].kind == REMOVED
                                        for t in lexed[k].tokens)
@@ -123,7 +115,6 @@ def _drop_annotation_changes(lines: Sequence[DiffLine], lexed: Sequence[Lexed],
             if old == new:
                 for k in run:
                     changes.pop(k, None)
-        i = j
 
 
 def _without_annotations(pieces: Iterable[str]) -> list[str]:

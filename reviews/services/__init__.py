@@ -6,6 +6,7 @@ from __future__ import annotations
 from reviews.services.decide import (
     change_comment,
     change_merge_request,
+    change_refusal,
     decision_denial,
     review_decide,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "change_facts",
     "change_gate_refresh",
     "change_merge_request",
+    "change_refusal",
     "change_submit",
     "changes_reap",
     "decision_denial",

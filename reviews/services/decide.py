@@ -6,8 +6,9 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.db import transaction
 
 from infraops import gitops
+from infraops.access import has_target_role, target_roles
 from infraops.errors import DomainError, Forbidden
-from infraops.roles import REVIEWER, has_role, user_roles
+from infraops.roles import REVIEWER
 from infraops.services.audit import audit_record
 from reviews.live import queue_changed, reviewer_classes
 from reviews.models import Change, ReviewComment, ReviewDecision
@@ -28,7 +29,10 @@ def decision_denial(user: User | AnonymousUser, change: Change) -> str | None:
     `can_decide` and the service use this one rule."""
     if not user.is_authenticated:
         return "Sign in as a reviewer to decide on a change."
-    if not has_role(user, REVIEWER):
+    roles = target_roles(user, change.target_id)
+    if not roles:
+        return "This change's target is not one of yours: an admin adds you to it."
+    if REVIEWER not in roles:
         return "Only a reviewer can decide on a change."
     if change.requested_by_id == user.pk:
         return "You started the run that wrote this change: another reviewer must decide on it."
@@ -40,10 +44,13 @@ def decision_denial(user: User | AnonymousUser, change: Change) -> str | None:
     return None
 
 
-def _refuse(user: User | AnonymousUser, change: Change, action: str, reason: str) -> Forbidden:
+def change_refusal(user: User | AnonymousUser, change: Change, action: str,
+                   reason: str) -> Forbidden:
+    """The audit row of a refused attempt, and the error that says why."""
     audit_record(actor=user, actor_label="" if user.is_authenticated else "anonymous",
                  action=f"change.{action}_denied", obj=change,
-                 data={"reason": reason, "roles": sorted(user_roles(user))})
+                 data={"reason": reason,
+                       "roles": sorted(target_roles(user, change.target_id))})
     return Forbidden(reason)
 
 
@@ -64,7 +71,7 @@ def review_decide(
                           f"{MAX_COMMENT:,} are kept. Nothing was recorded.")
     denial = decision_denial(reviewer, change)
     if denial is not None:
-        raise _refuse(reviewer, change, decision, denial)
+        raise change_refusal(reviewer, change, decision, denial)
     assert isinstance(reviewer, User)
     with transaction.atomic():
         locked = Change.objects.select_for_update().select_related("target").get(pk=change.pk)
@@ -118,7 +125,7 @@ def change_merge_request(*, change: Change, user: User | AnonymousUser) -> Chang
     approval of the current diff and a person who may decide on the change."""
     denial = decision_denial(user, change)
     if denial is not None:
-        raise _refuse(user, change, "merge", denial)
+        raise change_refusal(user, change, "merge", denial)
     with transaction.atomic():
         locked = Change.objects.select_for_update().get(pk=change.pk)
         if locked.status == Change.Status.MERGED:
@@ -136,8 +143,8 @@ def change_merge_request(*, change: Change, user: User | AnonymousUser) -> Chang
 def change_comment(*, change: Change, author: User | AnonymousUser, path: str, line: int,
                    side: str, text: str) -> ReviewComment:
     """A reviewer's comment on one line of the diff; the agent reads it at its next step."""
-    if not has_role(author, REVIEWER):
-        raise _refuse(author, change, "comment", "Only a reviewer can comment on a change.")
+    if not has_target_role(author, change.target_id, REVIEWER):
+        raise change_refusal(author, change, "comment", "Only a reviewer can comment on a change.")
     text = text.strip()
     if not text:
         raise DomainError("The comment is empty.")

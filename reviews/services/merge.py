@@ -28,7 +28,11 @@ from infraops import gitops
 from infraops.errors import DomainError
 from infraops.models import Experiment
 from infraops.services.audit import audit_record
-from infraops.services.experiments import experiment_request
+from infraops.services.experiments import (
+    experiment_request,
+    margin_metric_of,
+    margin_of,
+)
 from reviews import gate
 from reviews.live import queue_changed
 from reviews.models import Change
@@ -148,7 +152,10 @@ def _reverify_start(change: Change, tip: str) -> Change:
         experiment = experiment_request(
             target=change.target, candidate_commit=merged, baseline_commit=tip,
             origin=f"re-verify change {change.pk} on {change.target.base_branch} at {tip[:10]}",
-            criteria=criteria)
+            criteria=criteria,
+            margin=margin_of(change.goal_version.spec if change.goal_version else None),
+            margin_metric=margin_metric_of(
+                change.goal_version.spec if change.goal_version else None))
     except DomainError as exc:
         return _fail(change, Change.Status.MERGE_FAILED,
                      f"the base moved and the merged tree cannot be re-verified: {exc}")

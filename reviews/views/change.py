@@ -6,18 +6,20 @@ from typing import Any
 
 from django import forms
 from django.contrib import messages
-from django.http import HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from infraops.access import HtmxHttpRequest, require_any_role
+from infraops.access import HtmxHttpRequest, get_visible_or_404
 from infraops.charts import feedback_charts
 from infraops.errors import DomainError, Forbidden
+from infraops.ratelimit import APPROVE, throttled
 from reviews.diff_render import render_diff
 from reviews.models import Change, ReviewDecision
 from reviews.services import (
     change_comment,
     change_merge_request,
+    change_refusal,
     decision_denial,
     review_decide,
 )
@@ -42,11 +44,18 @@ class CommentForm(forms.Form):
                            label="Comment on this line")
 
 
-def _get_change_for_user(request: HtmxHttpRequest, pk: int) -> Change:
-    require_any_role(request)
-    return get_object_or_404(
-        Change.objects.select_related("target", "requested_by", "goal_version__goal",
-                                      "experiment", "reverify_experiment"), pk=pk)
+def _get_change_for_user(request: HtmxHttpRequest, pk: int, attempt: str = "") -> Change:
+    """The change, or 404; an `attempt` (approve, merge…) at a change of a target the user
+    does not see is audited as refused, as every other refusal is."""
+    try:
+        return get_visible_or_404(
+            Change.objects.select_related("target", "requested_by", "goal_version__goal",
+                                          "experiment", "reverify_experiment"), request, pk=pk)
+    except Http404:
+        unseen = Change.objects.filter(pk=pk).first() if attempt else None
+        if unseen is not None and request.user.is_authenticated:
+            change_refusal(request.user, unseen, attempt, "not a member of the change's target")
+        raise
 
 
 def _refused(request: HtmxHttpRequest, change: Change, reason: str) -> HttpResponse:
@@ -89,7 +98,12 @@ def change_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def change_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    change = _get_change_for_user(request, pk)
+    asked = request.POST.get("decision", "")
+    change = _get_change_for_user(
+        request, pk, attempt=asked if asked in ReviewDecision.Decision.values else "decide")
+    if request.POST.get("decision") == ReviewDecision.Decision.APPROVE and (
+            refused := throttled(request, APPROVE)) is not None:
+        return refused
     form = DecisionForm(request.POST)
     if not form.is_valid():
         messages.error(request, _errors(form))
@@ -110,7 +124,7 @@ def change_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def change_merge(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    change = _get_change_for_user(request, pk)
+    change = _get_change_for_user(request, pk, attempt="merge")
     try:
         change = change_merge_request(change=change, user=request.user)
     except Forbidden as exc:
@@ -124,7 +138,7 @@ def change_merge(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 @require_POST
 def change_add_comment(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    change = _get_change_for_user(request, pk)
+    change = _get_change_for_user(request, pk, attempt="comment")
     form = CommentForm(request.POST)
     if not form.is_valid():
         messages.error(request, "The comment was not saved: " + _errors(form))

@@ -20,8 +20,8 @@ from django.http import HttpResponse, QueryDict
 from django.shortcuts import render
 from django.utils import timezone
 
-from infraops.access import HtmxHttpRequest, require_any_role
-from infraops.models import Goal, Target
+from infraops.access import HtmxHttpRequest, require_any_role, scoped, visible_targets
+from infraops.models import Goal
 from reviews.live import reviewer_classes
 from reviews.models import RISK_CLASSES, Change, ChangeQuerySet
 
@@ -41,12 +41,13 @@ Cursor = tuple[datetime, int]
 DEFAULTS = {"scope": "mine", "status": str(Change.Status.PENDING_REVIEW)}
 
 
-def _target_choices() -> list[tuple[Any, str]]:
-    return [("", "any target"), *Target.objects.order_by("name").values_list("pk", "name")]
+def _target_choices(user: User | AnonymousUser) -> list[tuple[Any, str]]:
+    targets = visible_targets(user).order_by("name").values_list("pk", "name")
+    return [("", "any target"), *targets]
 
 
-def _goal_choices() -> list[tuple[Any, str]]:
-    goals = Goal.objects.values_list("pk", "name", "target__name")  # by target, then name
+def _goal_choices(user: User | AnonymousUser) -> list[tuple[Any, str]]:
+    goals = scoped(Goal.objects.all(), user).values_list("pk", "name", "target__name")
     return [("", "any goal"), *((pk, f"{target}: {name}") for pk, name, target in goals)]
 
 
@@ -76,7 +77,7 @@ class QueueFilterForm(forms.Form):
                         error_messages={"max_length": "a search is at most 200 characters."})
     after = forms.CharField(required=False, widget=forms.HiddenInput)
 
-    def __init__(self, query: QueryDict) -> None:
+    def __init__(self, query: QueryDict, user: User | AnonymousUser) -> None:
         data = query.copy()
         for name, default in DEFAULTS.items():  # so the widgets show what applies
             data.setdefault(name, default)
@@ -92,7 +93,7 @@ class QueueFilterForm(forms.Form):
             # Read only where the form is drawn, and once: a Select iterates its choices
             # twice (the options, and whether the first is empty).
             widget: Any = self.fields[name].widget
-            widget.choices = functools.cache(choices)
+            widget.choices = functools.cache(functools.partial(choices, user))
 
     def clean_status(self) -> str:
         return str(self.cleaned_data.get("status") or Change.Status.PENDING_REVIEW)
@@ -137,8 +138,8 @@ def format_cursor(change: Change) -> str:
 
 
 def queue_changes(user: User | AnonymousUser, filters: dict[str, Any]) -> ChangeQuerySet:
-    """The changes the filters select, newest first, before paging."""
-    changes = Change.objects.all()
+    """The changes the filters select on the user's targets, newest first, before paging."""
+    changes = scoped(Change.objects.all(), user)
     if filters["status"] != ANY_STATUS:
         changes = changes.filter(status=filters["status"])
     if filters["scope"] == "mine" and (classes := reviewer_classes(user)):
@@ -230,7 +231,7 @@ def _wants_table(request: HtmxHttpRequest) -> bool:
 
 def queue(request: HtmxHttpRequest) -> HttpResponse:
     require_any_role(request)
-    form = QueueFilterForm(request.GET)
+    form = QueueFilterForm(request.GET, request.user)
     filters = form.filters()
     page, more = queue_page(queue_changes(request.user, filters), filters["after"])
     context = {

@@ -7,3 +7,107 @@ document.addEventListener("htmx:wsOpen", (event) => {
   const last = rows.length ? Number(rows[rows.length - 1].dataset.seq) : 0;
   event.detail.socketWrapper.send(JSON.stringify({ after: last }));
 });
+
+// A frame too big for the socket arrives as <template data-live-fetch data-url=...>
+// (infraops/consumers.py): fetch the page over HTTP with ?after=<last row shown>, append its
+// newer rows, replace the parts the frame names, then tell the socket where the page is.
+document.addEventListener("htmx:wsBeforeMessage", (event) => {
+  const message = event.detail.message;
+  if (typeof message !== "string" || !message.startsWith("<template data-live-fetch")) return;
+  event.preventDefault(); // not swapped: there is nothing to swap
+  const holder = document.createElement("template");
+  holder.innerHTML = message;
+  const order = holder.content.firstElementChild;
+  if (order) fetchRows(event.target, order, event.detail.socketWrapper);
+});
+
+function lastSeq(list) {
+  const rows = list.querySelectorAll(":scope > [data-seq]");
+  return rows.length ? Number(rows[rows.length - 1].dataset.seq) : 0;
+}
+
+async function fetchRows(socketElt, order, socket) {
+  const list = socketElt.querySelector("[data-seq-list]");
+  if (!list) return;
+  const last = lastSeq(list);
+  try {
+    const url = new URL(order.dataset.url, window.location.href);
+    url.searchParams.set("after", String(last));
+    const response = await fetch(url, { credentials: "same-origin" });
+    if (response.ok) {
+      const page = new DOMParser().parseFromString(await response.text(), "text/html");
+      const fetched = (list.id && page.getElementById(list.id)) || page.querySelector("[data-seq-list]");
+      let top = last;
+      for (const row of Array.from(fetched ? fetched.children : [])) {
+        if (!row.hasAttribute("data-seq")) continue;
+        const number = Number(row.dataset.seq);
+        if (number > top) {
+          list.appendChild(document.adoptNode(row)); // rendered and escaped by the server
+          top = number;
+        }
+      }
+      for (const id of (order.dataset.refresh || "").split(" ").filter(Boolean)) {
+        const fresh = page.getElementById(id);
+        const old = document.getElementById(id);
+        if (!fresh || !old) continue;
+        const node = document.adoptNode(fresh);
+        old.replaceWith(node);
+        if (window.htmx) window.htmx.process(node);
+      }
+    }
+  } catch (error) {
+    console.warn("could not fetch the rows too big for the socket", error);
+  } finally {
+    socket.send(JSON.stringify({ after: lastSeq(list) }));
+    syncSteps();
+  }
+}
+
+// The socket's partial says how many steps the run has (#run-step-sync); when that is more
+// than the page shows, fetch the rows of the steps after the last one and append them.
+// One request at a time; a message that lands meanwhile asks again when it ends.
+let stepsBusy = false;
+let stepsAgain = false;
+
+async function syncSteps() {
+  const sync = document.getElementById("run-step-sync");
+  const list = document.querySelector("[data-step-list]");
+  if (!sync || !list) return;
+  if (stepsBusy) {
+    stepsAgain = true;
+    return;
+  }
+  const rows = list.querySelectorAll(":scope > [data-step]");
+  const last = rows.length ? Number(rows[rows.length - 1].dataset.step) : 0;
+  if (!(Number(sync.dataset.steps) > last)) return;
+  stepsBusy = true;
+  try {
+    const url = new URL(sync.dataset.url, window.location.href);
+    url.searchParams.set("steps_after", String(last));
+    const response = await fetch(url, { credentials: "same-origin" });
+    if (!response.ok) return;
+    const holder = document.createElement("template");
+    holder.innerHTML = await response.text(); // rendered and escaped by the server
+    let top = last;
+    // (not querySelectorAll(":scope > ..."): :scope matches nothing in a fragment)
+    for (const row of Array.from(holder.content.children)) {
+      if (!row.hasAttribute("data-step")) continue;
+      const number = Number(row.dataset.step);
+      if (number > top) {
+        list.appendChild(row);
+        top = number;
+      }
+    }
+    if (top > last) list.querySelector(":scope > [data-empty]")?.remove();
+  } catch (error) {
+    console.warn("could not fetch the new steps", error);
+  } finally {
+    stepsBusy = false;
+    if (stepsAgain) {
+      stepsAgain = false;
+      syncSteps();
+    }
+  }
+}
+
+document.addEventListener("htmx:wsAfterMessage", syncSteps);

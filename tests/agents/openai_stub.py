@@ -14,15 +14,38 @@ Each ``POST /v1/chat/completions`` takes the next scripted :class:`StubReply` in
 500 with ``"OpenAIStub: no scripted reply left ..."`` in the error message. Other paths get 404
 and consume nothing. The server runs in daemon threads on 127.0.0.1 at a free port, one thread
 per connection, so a reply with a ``delay`` does not hold up the requests that follow it.
+
+A scripted reply can also be a function of the request, ``(ReceivedRequest) -> StubReply``,
+called when the request that takes it arrives (in the server's thread, outside the stub's
+lock: it may read ``stub.requests`` or ``push`` more). That makes a scripted *agent* possible,
+one that reads what the model was sent (``request.body["messages"]``: the last tool results,
+the feedback news) and decides its next call from it::
+
+    def next_call(request: ReceivedRequest) -> StubReply:
+        last = request.body["messages"][-1]["content"]
+        return completion(tool_calls=[("read_file", json.dumps({"path": parse(last)}))])
+
+    stub.push(next_call)
+
+A function that raises is answered 500 with ``"OpenAIStub: the reply function raised ..."``
+and its traceback is kept in :attr:`OpenAIStub.errors` (assert it is empty: the code under
+test may well retry a 500 and hide the failure).
+
+``StubReply(drop=True)`` (or :func:`dropped`) answers nothing: the stub closes the connection
+as soon as the request is read (after ``delay``), so the client sees a connection error, as
+from a proxy that resets it or a server that dies mid-request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import socket
 import threading
+import traceback
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -37,12 +60,15 @@ _call_ids = itertools.count(1)
 class StubReply:
     """One scripted answer. A dict body is sent as JSON; str and bytes are sent as they are
     (Content-Type application/json unless ``headers`` says otherwise). ``delay`` seconds pass
-    before the answer is written (for timeout tests; cut short when the stub closes)."""
+    before the answer is written (for timeout tests; cut short when the stub closes).
+    ``drop``: write no answer at all and close the connection (a connection error for the
+    client); status, body and headers are then ignored."""
 
     status: int = 200
     body: dict[str, Any] | str | bytes = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    drop: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +81,10 @@ class ReceivedRequest:
     headers: dict[str, str]
     raw: bytes
     body: Any
+
+
+Responder = Callable[[ReceivedRequest], StubReply]
+"""A scripted reply decided when its request arrives."""
 
 
 def completion(
@@ -125,12 +155,18 @@ def malformed() -> StubReply:
     return StubReply(200, b'{"id": "chatcmpl-broken", "object": "chat.completion", "choices": [')
 
 
+def dropped(delay: float = 0.0) -> StubReply:
+    """No answer: the connection is closed once the request is read (after ``delay``)."""
+    return StubReply(drop=True, delay=delay)
+
+
 class OpenAIStub:
     """The server; a context manager (or :meth:`start` / :meth:`close`)."""
 
-    def __init__(self, replies: Iterable[StubReply] = ()) -> None:
-        self._replies: deque[StubReply] = deque(replies)
+    def __init__(self, replies: Iterable[StubReply | Responder] = ()) -> None:
+        self._replies: deque[StubReply | Responder] = deque(replies)
         self._requests: list[ReceivedRequest] = []
+        self._errors: list[str] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
@@ -153,7 +189,15 @@ class OpenAIStub:
         with self._lock:
             return len(self._replies)
 
-    def push(self, reply: StubReply) -> None:
+    @property
+    def errors(self) -> list[str]:
+        """The tracebacks of reply functions that raised, in order (a copy)."""
+        with self._lock:
+            return list(self._errors)
+
+    def push(self, reply: StubReply | Responder) -> None:
+        """Script one more reply: a :class:`StubReply`, or a function of the request that
+        takes it (see the module docstring)."""
         with self._lock:
             self._replies.append(reply)
 
@@ -186,10 +230,24 @@ class OpenAIStub:
         with self._lock:
             self._requests.append(request)
             number = len(self._requests)
-            if self._replies:
-                return self._replies.popleft()
-        message = f"OpenAIStub: no scripted reply left for request #{number} ({request.path})"
-        return StubReply(500, _error_body(message, "stub_exhausted"))
+            scripted = self._replies.popleft() if self._replies else None
+        if scripted is None:
+            message = f"OpenAIStub: no scripted reply left for request #{number} ({request.path})"
+            return StubReply(500, _error_body(message, "stub_exhausted"))
+        if isinstance(scripted, StubReply):
+            return scripted
+        try:  # outside the lock: the function may read stub.requests or push more
+            reply = scripted(request)
+            if not isinstance(reply, StubReply):
+                raise TypeError(f"a reply function returned {type(reply).__name__}, "
+                                "not a StubReply")
+        except Exception as exc:  # kept for the test, answered as a 500
+            with self._lock:
+                self._errors.append(f"request #{number}: {traceback.format_exc()}")
+            message = (f"OpenAIStub: the reply function raised for request #{number}: "
+                       f"{type(exc).__name__}: {exc}")
+            return StubReply(500, _error_body(message[:2000], "stub_reply_error"))
+        return reply
 
 
 def _handler_for(stub: OpenAIStub) -> type[BaseHTTPRequestHandler]:
@@ -220,7 +278,16 @@ def _handler_for(stub: OpenAIStub) -> type[BaseHTTPRequestHandler]:
             if reply.delay > 0 and stub._closing.wait(reply.delay):
                 self.close_connection = True
                 return
+            if reply.drop:
+                self._drop()
+                return
             self._answer(reply)
+
+        def _drop(self) -> None:
+            """Close the connection without a byte of answer."""
+            self.close_connection = True
+            with contextlib.suppress(OSError):  # the client may be gone already
+                self.connection.shutdown(socket.SHUT_RDWR)
 
         def _answer(self, reply: StubReply) -> None:
             if isinstance(reply.body, dict):

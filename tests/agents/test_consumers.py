@@ -8,30 +8,34 @@ transactions, so the notification goes through the real Redis channel layer.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import random
 import re
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
-from django.db import connections
-from django.db.backends.signals import connection_created
 from django.test import Client
 
 from agents.events import run_event
 from agents.models import AgentRun
 from infraops.asgi import application
 from infraops.models import Goal
+from tests.agents.live_stream import append_lines, database_transcript, frame_rows
 from tests.conftest import UserFactory
 
-# serialized_rollback: the flush after each test would drop the role groups that a data
-# migration made, which the next test needs.
-pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+pytestmark = [pytest.mark.django_db(transaction=True),
+              pytest.mark.usefixtures("close_thread_connections")]
 
 ORIGIN = (b"origin", b"http://localhost")
 TIMEOUT = 5
+DEADLINE = 60  # seconds to wait for a condition on a loaded machine
 
 
 def run_async(scenario: Callable[[], Awaitable[Any]]) -> Any:
@@ -46,23 +50,6 @@ def session_headers(user: User | None, origin: tuple[bytes, bytes] = ORIGIN
         client.force_login(user)
         headers.append((b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode()))
     return headers
-
-
-@pytest.fixture(autouse=True)
-def close_thread_connections() -> Iterator[None]:
-    """The consumer's database calls may run on other threads, each with its own connection,
-    which would outlive the test and block dropping the test database: close them."""
-    made: list[Any] = []
-
-    def record(sender: Any, connection: Any, **kwargs: Any) -> None:
-        made.append(connection)
-
-    connection_created.connect(record, dispatch_uid="test_consumers")
-    yield
-    connection_created.disconnect(dispatch_uid="test_consumers")
-    for wrapper in made:
-        if wrapper is not connections["default"] and wrapper.connection is not None:
-            wrapper.connection.close()
 
 
 def seqs(html: str) -> list[int]:
@@ -224,3 +211,103 @@ def test_a_malformed_message_gets_no_reply_and_keeps_the_socket_open(
 
     assert silent  # no reply, and no close message either
     assert seqs(html) == [3]  # the socket still answers
+
+
+# --- backpressure and resume (docs/reliability.md W3, W4) ------------------------------------
+
+def queued_notifications() -> int:
+    """Group messages this event loop's channel layer holds, not yet taken by a socket."""
+    layer = get_channel_layer()._get_layer()  # type: ignore[union-attr]
+    return sum(queue.qsize() for queue in layer.channels.values())
+
+
+def with_stalled_sends(gate: asyncio.Event, waiting: list[int]) -> Any:
+    """The application as a client that reads nothing until `gate` is set makes it: every
+    websocket.send waits, as the server's does once the client's TCP window is full."""
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        async def held(message: dict[str, Any]) -> None:
+            if message["type"] == "websocket.send" and not gate.is_set():
+                waiting.append(1)
+                await gate.wait()
+            await send(message)
+        await application(scope, receive, held)
+    return app
+
+
+async def wait_until(condition: Callable[[], bool], seconds: float = DEADLINE) -> bool:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while not condition():
+        if loop.time() > end:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def read_rows(communicator: WebsocketCommunicator, *, through: int
+                    ) -> list[tuple[int, str]]:
+    """Frames until the row numbered `through` (or a later one) arrived."""
+    rows: list[tuple[int, str]] = []
+    while not rows or rows[-1][0] < through:
+        rows += frame_rows(str(await communicator.receive_from(timeout=DEADLINE)))
+    return rows
+
+
+def test_notifications_do_not_pile_up_behind_a_client_that_reads_nothing_and_it_gets_every_row(
+    run: AgentRun, viewer: User, caplog: pytest.LogCaptureFixture
+) -> None:
+    """2,000 lines, each with its notification, while the socket's first frame waits on a
+    client that reads nothing: the server keeps no queue of notifications for it, and once
+    the client reads, its transcript is the database's, every row once."""
+    lines = 2_000
+    produce = sync_to_async(append_lines, thread_sensitive=False)
+
+    async def scenario() -> tuple[bool, int, list[tuple[int, str]]]:
+        gate, waiting = asyncio.Event(), list[int]()
+        communicator = WebsocketCommunicator(with_stalled_sends(gate, waiting),
+                                             f"/ws/runs/{run.pk}/", headers=session_headers(viewer))
+        assert (await communicator.connect(timeout=TIMEOUT))[0]
+        await communicator.send_json_to({"after": 0})
+        await produce(run.pk, lines)
+        drained = await wait_until(lambda: queued_notifications() == 0)
+        stalled = len(waiting)
+        gate.set()
+        rows = await read_rows(communicator, through=3 + lines)
+        await communicator.disconnect()
+        return drained, stalled, rows
+
+    drained, stalled, rows = run_async(scenario)
+
+    assert stalled == 1  # the socket was waiting on the client all along
+    assert drained, "notifications queued on the server behind the stalled client"
+    assert rows == database_transcript(run.pk)
+    assert [seq for seq, _ in rows] == list(range(1, 3 + lines + 1))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_a_client_that_drops_five_times_at_random_and_resumes_gets_every_row_exactly_once(
+    run: AgentRun, viewer: User
+) -> None:
+    """1,000 lines appended while the client reads; it disconnects at 5 random points and
+    reconnects with {"after": the last row it has}, as static/js/live-log.js does."""
+    lines, seed = 1_000, int.from_bytes(os.urandom(4), "big")
+    cuts = sorted(random.Random(seed).sample(range(1, lines), 5))
+    produce = sync_to_async(append_lines, thread_sensitive=False)
+
+    async def scenario() -> list[tuple[int, str]]:
+        producer = asyncio.ensure_future(produce(run.pk, lines))
+        rows: list[tuple[int, str]] = []
+        for cut in [*cuts, 3 + lines]:
+            communicator = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/",
+                                                 headers=session_headers(viewer))
+            assert (await communicator.connect(timeout=TIMEOUT))[0]
+            await communicator.send_json_to({"after": rows[-1][0] if rows else 0})
+            rows += await read_rows(communicator, through=cut)
+            await communicator.disconnect()  # frames still on their way are lost
+        await producer
+        return rows
+
+    rows = run_async(scenario)
+
+    assert [seq for seq, _ in rows] == list(range(1, 3 + lines + 1)), f"seed {seed}, cuts {cuts}"
+    assert rows == database_transcript(run.pk)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import copy
 import json
+import re
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -379,6 +383,37 @@ def test_literal_secrets_are_redacted_in_every_form_and_short_ones_are_ignored()
     assert redact(text, [quoted, DB_PASSWORD, "root"]) == (
         f'{REDACTED} | "{REDACTED}" | {REDACTED} | {REDACTED} | root'
     )
+
+
+def _decodable(text: str) -> bytes:
+    """Every byte string a reader could decode from the runs of base64 characters of
+    ``text``, at each of the 4 alignments, joined."""
+    found = []
+    for piece in re.findall(r"[A-Za-z0-9+/_-]+", text):
+        for offset in range(4):
+            chunk = piece[offset:]
+            chunk = chunk[: len(chunk) // 4 * 4]
+            for decode in (base64.b64decode, base64.urlsafe_b64decode):
+                with contextlib.suppress(ValueError):
+                    found.append(decode(chunk))
+    return b"\0".join(found)
+
+
+@pytest.mark.parametrize("prefix", ["", "a", "ab"], ids=["aligned", "after-1", "after-2"])
+@pytest.mark.parametrize("encode", [base64.b64encode, base64.urlsafe_b64encode],
+                         ids=["standard", "url-safe"])
+def test_a_secret_inside_base64_text_is_redacted_wherever_it_starts(
+    prefix: str, encode: Callable[[bytes], bytes]
+) -> None:
+    secret = "sk-canary-b64-\xff?>0123456789"
+    text = "token " + encode(f"{prefix}Authorization: Bearer {secret}\n".encode()).decode()
+    middle = secret.encode()[2:-2]
+    assert middle in _decodable(text + " end")  # the reader finds it before redaction
+
+    redacted = redact(text + " end", [secret])
+
+    assert middle not in _decodable(redacted)
+    assert redacted.startswith("token ") and redacted.endswith(" end")
 
 
 def test_redact_messages_reaches_every_string_and_leaves_the_input_alone() -> None:

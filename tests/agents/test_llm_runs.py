@@ -4,54 +4,31 @@ agent worker would: one run_step per task) so the script can follow the run."""
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Callable, Iterator
+import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
 from django.contrib.auth.models import User
+from django.test import Client
 
+from agents.consumers import RunConsumer
 from agents.models import AgentRun, Hypothesis, RunMessage
 from agents.services import hypothesis_add, run_message_add, run_start, run_step
 from infraops import gitops
-from infraops.models import AcceptanceCriterion, Boundary, Experiment, Goal, Target
+from infraops.models import Boundary, Experiment, Goal, Target
 from infraops.services.experiments import experiment_execute
 from infraops.services.goals import goal_snapshot
 from reviews.models import Change
+from tests.agents.conftest import API_KEY, SECRET
 from tests.agents.openai_stub import OpenAIStub, completion, malformed, rate_limited
-
-API_KEY = "sk-test-live-key-0123456789"
-SECRET = "db-password-sentinel-42"
 
 
 def call(name: str, **arguments: Any) -> tuple[str, str]:
     return (name, json.dumps(arguments))
-
-
-@pytest.fixture
-def stub(settings: Any) -> Iterator[OpenAIStub]:
-    with OpenAIStub() as server:
-        settings.OPENAI_BASE_URL = server.base_url
-        settings.OPENAI_API_KEY = API_KEY
-        settings.INFRAOPS_MODEL = "stub-model"
-        settings.SECRET_KEY = SECRET + "-secret-key"
-        yield server
-
-
-@pytest.fixture
-def llm_goal(example_target: Target, engineer: User) -> Callable[..., Goal]:
-    def make(**boundary: Any) -> Goal:
-        goal = Goal.objects.create(target=example_target, name="llm latency",
-                                   probe="latency-bench", metric="latency_ms",
-                                   direction="minimize", policy=Goal.Policy.LLM, owner=engineer)
-        Boundary.objects.create(goal=goal, editable_paths="config/**", **boundary)
-        AcceptanceCriterion.objects.create(goal=goal, kind="relative", probe="latency-bench",
-                                           metric="latency_ms", comparison="<=", value=-0.05)
-        goal_snapshot(goal=goal, user=engineer)
-        return goal
-
-    return make
 
 
 def step(run: AgentRun) -> AgentRun:
@@ -59,7 +36,7 @@ def step(run: AgentRun) -> AgentRun:
     run.refresh_from_db()
     run_step(run_id=run.pk, number=run.step_count)
     run.refresh_from_db()
-    waiting = run.state.get("waiting_for")
+    waiting = run.waiting_for_id
     if waiting:
         experiment_execute(experiment_id=waiting, worker="test:1")
         from agents.services import run_wake
@@ -204,6 +181,29 @@ def test_three_malformed_tool_calls_in_a_row_pause_the_run(
     assert any(m["role"] == "tool" and '"error"' in m["content"] for m in second)
 
 
+def test_a_well_formed_call_resets_the_count_and_three_malformed_kinds_in_a_row_pause(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """Two malformed calls, a good one (the control: the count starts again), then bad
+    types, an unknown tool and 10 MB of arguments: only the third of those pauses."""
+    goal = llm_goal()
+    script = [("read_file", "{not json"), ("no_such_tool", "{}"), ("list_files", "{}"),
+              ("read_file", json.dumps({"path": 7})), ("rm_rf", "{}"),
+              ("finish", json.dumps({"summary": "x" * 10_000_000}))]
+    for name, arguments in script:
+        stub.push(completion(tool_calls=[(name, arguments)]))
+    statuses = []
+    with django_capture_on_commit_callbacks(execute=False):
+        run = run_start(goal=goal, user=engineer)
+        for _ in script:
+            run = step(run)
+            statuses.append(run.status)
+
+    assert statuses == [AgentRun.Status.RUNNING] * 5 + [AgentRun.Status.PAUSED]
+    assert "3 malformed tool calls in a row" in run.stop_reason
+
+
 def test_a_long_retry_after_reschedules_the_step_without_counting_it(
     stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
     django_capture_on_commit_callbacks: Any,
@@ -221,9 +221,9 @@ def test_a_long_retry_after_reschedules_the_step_without_counting_it(
     assert callbacks  # the step was queued again (with a countdown) after commit
 
 
-def test_a_malformed_response_from_the_model_fails_the_run_with_the_reason(
+def test_a_malformed_response_from_the_model_is_retried_then_pauses_the_run_with_the_reason(
     stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
-    django_capture_on_commit_callbacks: Any,
+    django_capture_on_commit_callbacks: Any, settings: Any,
 ) -> None:
     goal = llm_goal()
     stub.push(malformed())
@@ -231,8 +231,20 @@ def test_a_malformed_response_from_the_model_fails_the_run_with_the_reason(
         run = run_start(goal=goal, user=engineer)
         run = step(run)
 
-    assert run.status == AgentRun.Status.FAILED
-    assert "the model could not be reached" in run.stop_reason
+    assert run.status == AgentRun.Status.RUNNING  # a half-written answer may be whole next time
+    wait = run.events.filter(kind="wait").get()
+    assert wait.data["attempt"] == 1 and wait.data["retry_in"] > 0
+    assert "not valid JSON" in wait.data["reason"]
+    assert run.step_count == 0  # nothing recorded as a step
+
+    settings.LLM_RETRY_SECONDS = 0  # the retry window is over
+    stub.push(malformed())
+    with django_capture_on_commit_callbacks(execute=False):
+        run = step(run)
+
+    assert run.status == AgentRun.Status.PAUSED
+    assert "the model endpoint has failed for" in run.stop_reason
+    assert "Resume retries" in run.stop_reason
 
 
 def test_a_message_and_a_hypothesis_from_people_reach_the_agent_at_its_next_step(
@@ -330,7 +342,8 @@ def test_the_conversation_stays_bounded_as_steps_accumulate(
     sizes = [len(request.body["messages"]) for request in stub.requests]
     # Six recent steps verbatim (an assistant turn and a tool result each), older ones in one
     # summary message: the prompt stops growing however long the run gets.
-    assert max(sizes) == sizes[-1] == sizes[-5] <= 2 + 1 + 6 * 2
+    # system, goal, ledger and diff; the summary; six steps of two messages.
+    assert max(sizes) == sizes[-1] == sizes[-5] <= 3 + 1 + 6 * 2
     last = json.dumps(stub.requests[-1].body["messages"])
     assert "Earlier steps, summarised" in last and "step 1: list_files" in last
 
@@ -391,7 +404,53 @@ def test_probe_output_never_reaches_the_model_and_holds_no_secret(
     news = [m["content"] for m in third if m["role"] == "user"
             and str(m["content"]).startswith(f"Experiment {experiment.pk} ")]
     assert news and all("<untrusted>" in n for n in news)
-    assert not Change.objects.exists() and run.status == AgentRun.Status.FAILED
+    assert not Change.objects.exists() and run.status == AgentRun.Status.FINISHED
+
+
+def canary_forms(secret: str) -> dict[str, str]:
+    return {"raw": secret, "base64": base64.b64encode(secret.encode()).decode(),
+            "url-encoded": urllib.parse.quote(secret, safe="")}
+
+
+def test_a_secret_a_tool_reads_reaches_neither_the_model_nor_the_stored_or_streamed_run(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """Reliability row L7: the service's secrets, planted raw, base64- and URL-encoded in a
+    file the agent reads, appear in no request to the model, no stored step or event, no run
+    page and no websocket frame."""
+    goal = llm_goal()
+    forms = canary_forms(API_KEY) | {f"secret-key {k}": v for k, v in
+                                     canary_forms(django_settings.SECRET_KEY).items()}
+    stub.push(completion(tool_calls=[call("list_files", path="", glob="*")]))
+    stub.push(completion(tool_calls=[call("read_file", path="config/leak.txt")]))
+    stub.push(completion(tool_calls=[call("finish", summary="read it")]))
+    with django_capture_on_commit_callbacks(execute=False):
+        run = step(run_start(goal=goal, user=engineer))
+        worktree = django_settings.DATA_DIR / "runs" / f"run-{run.pk}"
+        (worktree / "config" / "leak.txt").write_text(
+            "".join(f"{name}: {value}\n" for name, value in forms.items()))
+        run = step(step(run))
+
+    assert run.status == AgentRun.Status.FINISHED, run.stop_reason
+    read = run.steps.get(tool="read_file").calls[0]
+    assert read["ok"] and "[REDACTED]" in read["content"]  # the file was read, then redacted
+    client = Client()
+    client.force_login(engineer)
+    consumer = RunConsumer()
+    consumer.object_id, consumer.scope = run.pk, {"user": engineer}
+    places = {
+        "model requests": sent_text(stub),
+        "stored steps": json.dumps(list(run.steps.values_list("calls", "arguments", "result",
+                                                              "summary"))),
+        "stored events": json.dumps(list(run.events.values_list("message", "data"))),
+        "run page": client.get(f"/runs/{run.pk}/").content.decode(),
+        "websocket frames": consumer.render_after(0, limit=1000)[0],
+    }
+    leaks = [(place, name) for place, text in places.items() for name, value in forms.items()
+             if value in text]
+    assert leaks == []
+    assert "[REDACTED]" in places["model requests"]
 
 
 def test_the_token_budget_ends_the_run_at_the_turn_that_reaches_it(

@@ -21,7 +21,7 @@ from infraops.errors import DomainError
 from infraops.models import AuditEntry, Goal
 from infraops.services.goals import goal_snapshot
 from infraops.services.targets import target_register
-from tests.conftest import make_origin
+from tests.conftest import make_origin, members_of_new_target
 
 Sent = Callable[[], list[tuple[str, list[Any]]]]
 
@@ -99,8 +99,9 @@ def test_a_target_without_knobs_cannot_start_a_tuner_run(
     manifest = example_source / "infraops.toml"
     text = manifest.read_text()
     manifest.write_text(text[: text.index("[[knob]]")])
-    target = target_register(name="no-knobs", base_branch="main",
-                             repo_url=str(make_origin(tmp_path, example_source, "bare.git")))
+    target = members_of_new_target(target_register(
+        name="no-knobs", base_branch="main",
+        repo_url=str(make_origin(tmp_path, example_source, "bare.git"))))
     goal = Goal.objects.create(target=target, name="g", probe="latency-bench",
                                metric="latency_ms")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -10,9 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from agents import tools
-from agents.tools import MAX_RESULT_CHARS, TOOL_SPECS, ToolContext, ToolResult, tool_call
+from agents.llm import ToolCall
+from agents.policies.llm import _malformed
+from agents.tools import (
+    MAX_RESULT_CHARS,
+    REGISTRY,
+    TOOL_SPECS,
+    ToolContext,
+    ToolResult,
+    tool_call,
+    workspace,
+)
 from infraops import gitops
 from infraops.errors import DomainError
 from reviews.diff_policy import Policy
@@ -37,16 +49,20 @@ CALLBACK_TOOLS = ["run_experiment", "inspect_experiment", "record_hypothesis",
 
 
 class Recorder:
-    """The caller's DB-side tools, standing in as plain functions that record their calls."""
+    """The run tools' functions, standing in as plain functions that record their calls."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
     def for_tool(self, name: str):
-        def callback(args: dict[str, Any]) -> ToolResult:
+        def function(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
             self.calls.append((name, args))
             return ToolResult(ok=True, content=f"{name} done", data={"echo": args})
-        return callback
+        return function
+
+
+def replace_tool(monkeypatch: pytest.MonkeyPatch, name: str, function: Any) -> None:
+    monkeypatch.setitem(REGISTRY, name, dataclasses.replace(REGISTRY[name], function=function))
 
 
 @pytest.fixture
@@ -59,8 +75,11 @@ def outside(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def recorder() -> Recorder:
-    return Recorder()
+def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    recorder = Recorder()
+    for name in CALLBACK_TOOLS:
+        replace_tool(monkeypatch, name, recorder.for_tool(name))
+    return recorder
 
 
 @pytest.fixture
@@ -75,8 +94,8 @@ def ctx(tmp_path: Path, recorder: Recorder) -> ToolContext:
     base = gitops.repo_init_from_dir(src, repo, branch="main", message="base")
     worktree = tmp_path / "run-1"
     gitops.worktree_add(repo, worktree, base)
-    callbacks = {name: recorder.for_tool(name) for name in CALLBACK_TOOLS}
-    return ToolContext(worktree=worktree, policy=POLICY, base_commit=base, callbacks=callbacks)
+    # The run tools read ctx.run only in their real functions, which the recorder replaces.
+    return ToolContext(worktree=worktree, policy=POLICY, base_commit=base, run=object())  # type: ignore[arg-type]
 
 
 def call(ctx: ToolContext, name: str, **arguments: Any) -> ToolResult:
@@ -115,8 +134,9 @@ def error_of(result: ToolResult) -> dict[str, Any]:
 def test_the_specs_describe_every_tool_in_the_chat_completions_format() -> None:
     names = [spec["function"]["name"] for spec in TOOL_SPECS]
 
-    assert names == ["list_files", "read_file", "search_code", "edit_file", "apply_diff",
-                     *CALLBACK_TOOLS]
+    assert len(names) == len(set(names))
+    assert {"list_files", "read_file", "search_code", "edit_file", "apply_diff",
+            *CALLBACK_TOOLS} <= set(names)
     for spec in TOOL_SPECS:
         assert spec["type"] == "function"
         assert spec["function"]["description"]
@@ -215,7 +235,7 @@ def test_apply_diff_applies_a_good_diff(ctx: ToolContext) -> None:
     ("submit_change", {"title": "BLOCK 128", "hypothesis": "fewer launches", "experiment_id": 7}),
     ("finish", {"summary": "Tried two block sizes."}),
 ])
-def test_the_database_tools_are_validated_then_handed_to_the_callbacks(
+def test_the_run_tools_are_validated_then_handed_to_their_functions(
         ctx: ToolContext, recorder: Recorder, name: str, arguments: dict[str, Any]) -> None:
     result = call(ctx, name, **arguments)
 
@@ -224,8 +244,8 @@ def test_the_database_tools_are_validated_then_handed_to_the_callbacks(
     assert recorder.calls == [(name, arguments)]
 
 
-def test_a_missing_callback_is_a_structured_error(ctx: ToolContext) -> None:
-    ctx.callbacks = {}
+def test_a_run_tool_without_a_run_is_a_structured_error(ctx: ToolContext) -> None:
+    ctx.run = None
 
     payload = error_of(call(ctx, "finish", summary="done"))
 
@@ -233,18 +253,21 @@ def test_a_missing_callback_is_a_structured_error(ctx: ToolContext) -> None:
     assert "not available" in payload["error"]
 
 
-def test_a_domain_error_from_a_callback_is_a_structured_error(ctx: ToolContext) -> None:
-    def refuse(args: dict[str, Any]) -> ToolResult:
+def test_a_domain_error_from_a_run_tool_is_a_structured_error(
+        ctx: ToolContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         raise DomainError("Experiment budget spent: 10 of 10.")
-    ctx.callbacks = {"run_experiment": refuse}
+    replace_tool(monkeypatch, "run_experiment", refuse)
 
     payload = error_of(call(ctx, "run_experiment", reason="once more"))
 
     assert payload["error"] == "Experiment budget spent: 10 of 10."
 
 
-def test_a_callbacks_long_content_is_bounded(ctx: ToolContext) -> None:
-    ctx.callbacks = {"inspect_experiment": lambda args: ToolResult(True, "x" * 50_000, {})}
+def test_a_run_tools_long_content_is_bounded(
+        ctx: ToolContext, monkeypatch: pytest.MonkeyPatch) -> None:
+    replace_tool(monkeypatch, "inspect_experiment",
+                 lambda ctx, args: ToolResult(True, "x" * 50_000, {}))
 
     result = call(ctx, "inspect_experiment", experiment_id=1)
 
@@ -590,7 +613,7 @@ def test_dangerous_or_invalid_patterns_are_refused(ctx: ToolContext, pattern: st
 def test_a_slow_pattern_is_stopped_by_the_time_limit(ctx: ToolContext,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     (ctx.worktree / "src" / "slow.txt").write_text("a" * 1000 + "\n")
-    monkeypatch.setattr(tools, "SEARCH_SECONDS", 0.3)
+    monkeypatch.setattr(workspace, "SEARCH_SECONDS", 0.3)
     handler = signal.getsignal(signal.SIGALRM)
 
     started = time.perf_counter()
@@ -600,3 +623,107 @@ def test_a_slow_pattern_is_stopped_by_the_time_limit(ctx: ToolContext,
     assert result.ok
     assert "stopped after 0.3 s" in result.content
     assert signal.getsignal(signal.SIGALRM) is handler
+
+
+def test_a_map_of_variant_cells_is_kept_and_each_entry_is_checked() -> None:
+    from agents.tools.base import ArgumentError
+    from agents.tools.schema import validate
+
+    parameters = REGISTRY["run_experiment"].parameters
+    kept = validate(parameters, {"reason": "r", "variants": {"bench": ["batch=8"]}}, "")
+    assert kept["variants"] == {"bench": ["batch=8"]}
+
+    with pytest.raises(ArgumentError) as wrong:
+        validate(parameters, {"reason": "r", "variants": {"bench": [8]}}, "")
+    assert wrong.value.field == "variants.bench[0]"
+    with pytest.raises(ArgumentError, match="at most 100 allowed"):
+        validate(parameters, {"reason": "r", "variants": {f"p{n}": ["a=1"] for n in range(101)}},
+                 "")
+
+
+# --------------------------------------------------------------- generated malformed calls
+
+
+def _wrong_value(kind: str) -> st.SearchStrategy[Any]:
+    """A JSON value of any type but `kind` (a boolean is not an integer in JSON)."""
+    values: dict[str, st.SearchStrategy[Any]] = {
+        "string": st.text(max_size=20), "integer": st.integers(), "boolean": st.booleans(),
+        "array": st.lists(st.integers(), max_size=3),
+        "object": st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    }
+    others = [strategy for name, strategy in values.items() if name != kind]
+    return st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False), *others)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # NaN and Infinity, as the tools read them
+
+
+def _not_a_json_object(text: str) -> bool:
+    """True for text that is not a JSON object; blank text is not malformed (models send ''
+    for a call without arguments, read as {})."""
+    if not text.strip():
+        return False
+    try:
+        return not isinstance(json.loads(text, parse_constant=_no_constant), dict)
+    except (ValueError, RecursionError):
+        return True
+
+
+_REQUIRED = [(name, key, entry.parameters["properties"][key]["type"])
+             for name, entry in REGISTRY.items() for key in entry.parameters.get("required", ())]
+
+MALFORMED_CALLS = st.one_of(
+    st.tuples(st.just("bad json"), st.sampled_from(sorted(REGISTRY)),
+              st.one_of(st.text(max_size=200), st.sampled_from(
+                  ['{"path": ', '{"path": "a"', "{'path': 'a'}", '{"path": NaN}', "[]", "null",
+                   '{"a": 1}}', '"just a string"', "[" * 5000]))
+              .filter(_not_a_json_object)),
+    st.tuples(st.just("unknown tool"),
+              st.text(min_size=1, max_size=60).filter(lambda name: name not in REGISTRY),
+              st.just("{}")),
+    st.sampled_from(_REQUIRED).flatmap(lambda required: st.tuples(
+        st.just("wrong type"), st.just(required[0]),
+        _wrong_value(required[2]).map(lambda value: json.dumps({required[1]: value})))),
+    st.tuples(st.just("huge"), st.sampled_from(sorted(REGISTRY)),
+              st.integers(0, 2_000_000).map(
+                  lambda extra: json.dumps({"summary": "x" * (10_000_000 + extra)}))),
+)
+
+
+def test_a_hundred_generated_malformed_calls_each_get_a_structured_error_and_run_nothing(
+        ctx: ToolContext, recorder: Recorder) -> None:
+    """Bad JSON, unknown tools, a required field of the wrong type and ~10 MB of arguments:
+    no exception, an error object naming the tool, nothing run or changed, and each one is
+    what the LLM policy counts toward its 'three malformed calls in a row' pause."""
+    before = state(ctx.worktree)
+    kinds: list[str] = []
+
+    @settings(max_examples=100, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                     HealthCheck.filter_too_much])
+    @given(MALFORMED_CALLS)
+    def each(malformed: tuple[str, str, str]) -> None:
+        kind, name, arguments = malformed
+        kinds.append(kind)
+        result = tool_call(ctx, name, arguments)
+
+        assert error_of(result)["tool"] == name
+        assert _malformed(ToolCall(id="c", name=name, arguments=arguments), result), kind
+
+    each()
+
+    assert len(kinds) >= 100
+    assert set(kinds) == {"bad json", "unknown tool", "wrong type", "huge"}
+    assert recorder.calls == []
+    assert state(ctx.worktree) == before
+
+
+def test_a_well_formed_call_with_a_bad_path_is_not_counted_as_malformed(ctx: ToolContext) -> None:
+    """The control: a call that fits its schema and fails on its merits does not count toward
+    the pause."""
+    arguments = json.dumps({"path": "no/such/file.py"})
+    result = tool_call(ctx, "read_file", arguments)
+
+    assert not result.ok
+    assert not _malformed(ToolCall(id="c", name="read_file", arguments=arguments), result)

@@ -79,17 +79,22 @@ def live_system(transactional_db: None, data_dir: Path, tmp_path: Path,
         _wait_for(f"{base}/healthz", processes)
         yield base
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(processes)
         for name, handle in logs.items():
             handle.close()
             sys.stdout.write(f"--- {name} log (tail) ---\n")
             sys.stdout.write((tmp_path / f"{name}.log").read_text(errors="replace")[-4000:])
+
+
+def stop_processes(processes: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each, then SIGKILL what has not exited within 20 s."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def _wait_for(url: str, processes: list[subprocess.Popen[bytes]]) -> None:

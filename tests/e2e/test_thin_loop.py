@@ -63,8 +63,10 @@ def test_an_engineer_runs_the_tuner_live_and_a_reviewer_approves_the_merge(
     assert shown == len(seqs), "every event row reached the page exactly once"
     # Every experiment ran sandboxed, interleaved, candidate and baseline.
     assert Experiment.objects.filter(status="succeeded").count() == run.experiment_count >= 1
-    sides = list(ProbeExecution.objects.filter(experiment__runs=run).order_by("id")
-                 .values_list("side", flat=True)[:4])
+    ran = ProbeExecution.objects.filter(experiment__runs=run).order_by("id")
+    warmups = list(ran.filter(repeat_index__lt=0).values_list("side", flat=True)[:2])
+    sides = list(ran.filter(repeat_index__gte=0).values_list("side", flat=True)[:4])
+    assert warmups == ["baseline", "candidate"]  # one warm-up a side, never a sample
     assert sides == ["baseline", "candidate", "candidate", "baseline"]  # ABBA
 
     # The experiment page shows the probes' output, kept as log rows.

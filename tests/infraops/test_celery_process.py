@@ -34,7 +34,16 @@ def around_a_task(fixup: DjangoWorkerFixup) -> None:
     worker_process._recycle_database_connections()
 
 
+@pytest.fixture
+def as_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's connection set up as a worker's is (infraops.settings: CONN_MAX_AGE 60
+    for `celery worker`, 0 for tests like this one), from a fresh connect."""
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
+    connection.close()
+
+
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("as_a_worker")
 def test_a_healthy_connection_serves_the_next_task() -> None:
     fixup = DjangoWorkerFixup(worker_process.app)
     first = backend_pid()
@@ -44,6 +53,7 @@ def test_a_healthy_connection_serves_the_next_task() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("as_a_worker")
 def test_a_connection_the_server_dropped_is_replaced_before_the_next_task() -> None:
     fixup = DjangoWorkerFixup(worker_process.app)
     first = backend_pid()

@@ -19,6 +19,7 @@ from infraops.correctness import (
     compare_output_dirs,
     error_series,
     load_output,
+    sizes_from_labels,
 )
 
 F32, F64 = np.float32, np.float64
@@ -402,15 +403,143 @@ def test_compare_output_dirs_pairs_cases_by_name(tmp_path: Path) -> None:
     assert found["mixed"].status == "dtype-mismatch" and "JSON" in found["mixed"].detail
 
 
-def test_sizes_passed_in_win_over_meta_files(tmp_path: Path) -> None:
-    ref = write_outputs(tmp_path / "r", {"a": GRID, "b": GRID}, sizes={"a": 1, "b": 2})
-    cand = write_outputs(tmp_path / "c", {"a": GRID, "b": GRID}, sizes={"a": 3, "b": 4})
+def test_meta_files_win_over_sizes_passed_in(tmp_path: Path) -> None:
+    ref = write_outputs(tmp_path / "r", {"a": GRID, "b": GRID}, sizes={"a": 1})
+    cand = write_outputs(tmp_path / "c", {"a": GRID, "b": GRID}, sizes={"a": 3})
     (cand / "c.meta.json").write_text('{"size": 5}')  # meta without an output: no case
 
-    results = by_case(compare_output_dirs(ref, cand, rtol=0, atol=0, sizes={"b": 64.0}))
+    results = by_case(compare_output_dirs(ref, cand, rtol=0, atol=0,
+                                          sizes={"a": 32.0, "b": 64.0, "c": 5.0}))
 
     assert set(results) == {"a", "b"}
     assert (results["a"].size, results["b"].size) == (1.0, 64.0)
+
+
+def obj(size: object, **rest: object) -> dict[str, object]:
+    return {"size": size, **rest}
+
+
+HUGE = 10**400  # a JSON integer beyond float range
+
+
+# (reference output, reference meta, candidate output, candidate meta, sizes, status, size);
+# None for an output: that side wrote none; None for a meta: no meta file.
+SIZE_CASES = [
+    pytest.param(obj(3), '{"size": 1}', obj(4), '{"size": 2}', {"a": 5}, "mismatch", 1.0,
+                 id="reference-meta-first"),
+    pytest.param(obj(3), None, obj(4), '{"size": 2}', {"a": 5}, "mismatch", 2.0,
+                 id="then-candidate-meta"),
+    pytest.param(obj(3), None, obj(4), None, {"a": 5}, "mismatch", 3.0,
+                 id="then-reference-json-field"),
+    pytest.param({"logits": [1]}, None, obj(4, logits=[1]), None, {"a": 5}, "mismatch", 4.0,
+                 id="then-candidate-json-field"),
+    pytest.param(obj(8, x=[1.0]), None, obj(8, x=[1.0]), None, {"a": 5}, "match", 8.0,
+                 id="json-field-agreeing"),
+    pytest.param([1, 2], None, [1, 2], None, {"a": 5}, "match", 5.0,
+                 id="then-sizes-for-a-json-array"),
+    pytest.param(GRID, None, GRID, None, {"a": 5}, "match", 5.0, id="then-sizes-for-npy"),
+    pytest.param(GRID, None, GRID, None, {"b": 5}, "match", None, id="nothing-sizes-it"),
+    pytest.param(obj(3), "{", obj(4), None, None, "mismatch", 3.0,
+                 id="malformed-meta-passed-over"),
+    pytest.param(obj(3), f'{{"size": {HUGE}}}', obj(3), None, None, "match", 3.0,
+                 id="meta-beyond-float-range-passed-over"),
+    pytest.param(obj("4096"), None, obj("4096"), None, {"a": 5}, "match", 5.0,
+                 id="json-text-size-passed-over"),
+    pytest.param(obj(True), None, obj(True), None, None, "match", None,
+                 id="json-boolean-size-passed-over"),
+    pytest.param(obj(NAN), None, obj(16), None, None, "mismatch", 16.0,
+                 id="json-nan-size-passed-over"),
+    pytest.param(obj(HUGE), None, obj(HUGE), None, {"a": 5}, "match", 5.0,
+                 id="json-size-beyond-float-range-passed-over"),
+    pytest.param(obj(3), None, None, None, {"a": 5}, "missing-candidate", 3.0,
+                 id="lone-reference-json"),
+    pytest.param(None, None, obj(4), None, {"a": 5}, "missing-reference", 4.0,
+                 id="lone-candidate-json"),
+    pytest.param(GRID, None, obj(4), None, None, "dtype-mismatch", 4.0,
+                 id="npy-against-json"),
+    pytest.param(obj(3), None, obj(4), None, {"a": NAN}, "mismatch", 3.0,
+                 id="json-field-before-a-nan-in-sizes"),
+    pytest.param(GRID, None, GRID, None, {"a": NAN}, "match", None, id="nan-in-sizes-ignored"),
+    pytest.param(GRID, None, GRID, None, {"a": np.int64(7)}, "match", 7.0,
+                 id="numpy-number-in-sizes"),
+]
+
+
+@pytest.mark.parametrize(
+    ("ref_output", "ref_meta", "cand_output", "cand_meta", "sizes", "status", "size"),
+    SIZE_CASES,
+)
+def test_a_case_size_comes_from_meta_then_json_field_then_sizes(
+    tmp_path: Path, ref_output: object, ref_meta: str | None, cand_output: object,
+    cand_meta: str | None, sizes: Mapping[str, float] | None, status: str, size: float | None,
+) -> None:
+    folders = []
+    for name, output, meta in (("r", ref_output, ref_meta), ("c", cand_output, cand_meta)):
+        folder = write_outputs(tmp_path / name, {} if output is None else {"a": output})
+        if meta is not None:
+            (folder / "a.meta.json").write_text(meta)
+        folders.append(folder)
+
+    (result,) = compare_output_dirs(*folders, rtol=0, atol=0, sizes=sizes)
+
+    assert (result.status, result.size) == (status, size)
+
+
+def test_an_unreadable_side_still_lets_the_other_json_size_the_case(tmp_path: Path) -> None:
+    ref = write_outputs(tmp_path / "r", {"a": {"size": 3, "x": list(range(100))}})
+    cand = write_outputs(tmp_path / "c", {"a": {"size": 4, "x": list(range(4000))}})
+
+    (result,) = compare_output_dirs(ref, cand, rtol=0, atol=0, max_bytes=4096)
+
+    assert (result.status, result.size) == ("unreadable", 3.0)
+    assert "the candidate output" in result.detail
+
+
+def test_sizes_from_labels_feed_the_error_series(tmp_path: Path) -> None:
+    ref: dict[str, Any] = {}
+    cand: dict[str, Any] = {}
+    rows: list[tuple[str, Mapping[str, Any]]] = []
+    for i, size in enumerate(SIZES):
+        ref[f"c{i}"] = np.array([1.0])
+        cand[f"c{i}"] = np.array([1.0 + 1e-6 * size])
+        rows += [(f"c{i}", {"size": size}), (f"c{i}", {"size": str(size), "repeat": 1})]
+
+    comparisons = compare_output_dirs(write_outputs(tmp_path / "r", ref),
+                                      write_outputs(tmp_path / "c", cand), rtol=0, atol=0,
+                                      sizes=sizes_from_labels(rows))
+
+    series = error_series(comparisons)
+    assert [size for size, _ in series.points] == SIZES
+    assert series.growing
+
+
+@pytest.mark.parametrize(("rows", "expected"), [
+    pytest.param([], {}, id="no-rows"),
+    pytest.param([("a", {"size": 4096})], {"a": 4096.0}, id="number"),
+    pytest.param([("a", {"size": 0.5}), ("b", {"size": -2})], {"a": 0.5, "b": -2.0},
+                 id="float-and-negative"),
+    pytest.param([("a", {"size": "4096"}), ("b", {"size": " 1.5e3 "}), ("c", {"size": "+.5"})],
+                 {"a": 4096.0, "b": 1500.0, "c": 0.5}, id="numeric-strings"),
+    pytest.param([("a", {"size": np.int64(8)}), ("b", {"size": np.float32(0.5)})],
+                 {"a": 8.0, "b": 0.5}, id="numpy-numbers"),
+    pytest.param([("a", {"size": 4096}), ("a", {"size": "4096.0"}), ("a", {"size": 4096})],
+                 {"a": 4096.0}, id="repeats-agreeing"),
+    pytest.param([("a", {"size": 1}), ("a", {"size": 2})], {}, id="conflict-dropped"),
+    pytest.param([("a", {"size": 1}), ("a", {"size": 2}), ("a", {"size": 1})], {},
+                 id="conflict-stays-dropped"),
+    pytest.param([("a", {"size": 1}), ("b", {"size": 3}), ("a", {"size": 2})], {"b": 3.0},
+                 id="conflict-touches-only-its-case"),
+    pytest.param([("a", {"size": "big"}), ("a", {"size": 8}), ("a", {})], {"a": 8.0},
+                 id="unusable-and-missing-do-not-conflict"),
+    pytest.param([("a", {"size": value}) for value in (
+        True, None, NAN, INF, "nan", "inf", "1e999", "0x10", "1_000", "", "4096 tokens", [1],
+        {"n": 1}, HUGE, 1 + 2j)], {}, id="unusable-values"),
+    pytest.param([("", {"size": 1})], {}, id="no-case"),
+    pytest.param([("a", {"dtype": "f32"})], {}, id="no-size-label"),
+    pytest.param([("a", [("size", 1)])], {}, id="labels-not-a-mapping"),
+])
+def test_sizes_from_labels(rows: list[tuple[str, Any]], expected: dict[str, float]) -> None:
+    assert sizes_from_labels(iter(rows)) == expected
 
 
 @pytest.mark.parametrize("meta", ['{"size": "4096"}', '{"size": true}', "[4096]", "{",

@@ -22,19 +22,19 @@ from django.utils import timezone
 
 from agents.models import AgentRun
 from infraops import gitops, sandbox
-from infraops.analysis import compare_samples
 from infraops.models import Experiment, Goal, ProbeExecution, Sample, Target
+from infraops.samples import compare_samples, per_execution_rows
 from infraops.services import experiments as experiments_service
-from infraops.services.analysis import attempt_executions, attempt_samples
 from infraops.services.experiments import (
     experiment_claim,
     experiment_execute,
     experiment_request,
     experiments_reap,
 )
+from infraops.services.feedback import attempt_executions, attempt_samples
 from infraops.services.results import read_metrics
 from infraops.services.targets import target_register
-from tests.conftest import make_origin
+from tests.conftest import make_origin, members_of_new_target
 
 WORKER = "test:1"
 
@@ -81,8 +81,9 @@ def register_variant(tmp_path: Path, source: Path, name: str, **fields: str) -> 
                               text, count=1)
         assert count == 1, key
     manifest.write_text(text)
-    return target_register(name=name, repo_url=str(make_origin(tmp_path, source, f"{name}.git")),
-                           base_branch="main")
+    return members_of_new_target(target_register(
+        name=name, repo_url=str(make_origin(tmp_path, source, f"{name}.git")),
+        base_branch="main"))
 
 
 # --------------------------------------------------------------------------- a full experiment
@@ -111,18 +112,28 @@ def test_an_experiment_on_a_candidate_commit_succeeds(finished_experiment: Exper
 def test_probe_executions_interleave_the_sides_in_abba_order(
     finished_experiment: Experiment,
 ) -> None:
-    executions = list(finished_experiment.executions.order_by("id"))
+    everything = list(finished_experiment.executions.order_by("id"))
 
-    assert len(executions) == 10  # latency-bench: repeat = 5, two sides
+    # latency-bench: one warm-up a side (the default), then repeat = 5, two sides.
+    warmups, executions = everything[:2], everything[2:]
+    assert [(e.side, e.repeat_index, e.is_warmup) for e in warmups] == [
+        ("baseline", -1, True), ("candidate", -1, True)]
+    assert len(executions) == 10 and not any(e.is_warmup for e in executions)
     # ABBA: the side that goes first alternates per repeat, so an order effect cancels out.
     abba = ["baseline", "candidate", "candidate", "baseline"]
     assert [e.side for e in executions] == (abba * 3)[:10]
     assert [e.repeat_index for e in executions] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    # Every execution's seed is stored; the warm-ups ran under a second one.
+    seeds = {e.seed for e in executions}
+    assert len(seeds) == 1 and None not in seeds
+    assert {e.seed for e in warmups} != seeds and len({e.seed for e in warmups}) == 1
     assert {e.probe for e in executions} == {"latency-bench"}
     assert all(e.reason == "ok" and e.exit_code == 0 for e in executions)
     assert all(e.attempt == 1 for e in executions)
     assert "batch_size=2" in executions[0].stdout
     assert "batch_size=8" in executions[1].stdout
+    # A warm-up's metrics are never samples: five a side, not six.
+    assert not Sample.objects.filter(execution__in=warmups).exists()
 
 
 def test_samples_are_stored_for_both_sides(finished_experiment: Experiment) -> None:
@@ -151,7 +162,7 @@ def test_the_summary_is_what_the_stored_samples_give(finished_experiment: Experi
     # The worker summarises the samples it kept in memory; they must be the stored ones.
     stored = attempt_samples(attempt_executions(finished_experiment.pk, 1))
     assert len(stored) == 10
-    expected = [c.as_dict() for c in compare_samples(stored)]
+    expected = [c.as_dict() for c in compare_samples(per_execution_rows(stored))]
     assert finished_experiment.summary["comparisons"] == expected
 
 
@@ -248,8 +259,11 @@ def test_recording_the_same_execution_twice_in_one_attempt_keeps_one(
                                    stdout=b"", stderr=b"", output_truncated=False,
                                    wall_seconds=0.1)
 
-    first = experiments_service._record(attempt, "latency-bench", "baseline", "", 0, result, out)
-    again = experiments_service._record(attempt, "latency-bench", "baseline", "", 0, result, out)
+    slot = experiments_service._Slot(repeat=0, seed=7)
+    first = experiments_service._record(attempt, "latency-bench", "baseline", "", slot, result,
+                                        out)
+    again = experiments_service._record(attempt, "latency-bench", "baseline", "", slot, result,
+                                        out)
 
     assert [row.value for row in first] == [3.5] and again == []
     assert ProbeExecution.objects.filter(experiment=claimed).count() == 1
@@ -388,7 +402,7 @@ def test_a_malformed_metrics_line_is_skipped_and_named_while_good_lines_are_stor
 
     assert result is not None
     assert result.status == Experiment.Status.SUCCEEDED, result.failure_reason
-    executions = list(result.executions.order_by("id"))
+    executions = list(result.executions.filter(repeat_index__gte=0).order_by("id"))
     assert len(executions) == 2
     for execution in executions:
         assert "metrics.jsonl line 1 skipped" in execution.detail
@@ -501,9 +515,9 @@ def broken_target(tmp_path: Path, example_source: Path, db: None) -> Target:
     lines = manifest.read_text().splitlines()
     lines.insert(4, "this line is not toml")  # line 5
     manifest.write_text("\n".join(lines) + "\n")
-    return target_register(name="broken-manifest",
+    return members_of_new_target(target_register(name="broken-manifest",
                            repo_url=str(make_origin(tmp_path, example_source, "broken.git")),
-                           base_branch="main")
+                           base_branch="main"))
 
 
 def test_a_target_with_a_broken_manifest_shows_its_problems_with_the_line(
@@ -537,3 +551,98 @@ def test_starting_a_run_on_a_broken_manifest_redirects_back_with_the_error(
     assert "infraops.toml is invalid" in page
     assert "line 5" in page
     assert not AgentRun.objects.exists()
+
+
+CRASH = ("python3 -c \"import os; open(os.environ['INFRAOPS_OUT'] + '/metrics.jsonl', 'w'); "
+         "import sys; sys.stderr.write('loading config\\n'); "
+         "raise RuntimeError('cache shape mismatch: 17 != 16')\"")
+
+
+def test_a_crashed_probe_reaches_the_agent_with_its_status_reason_and_stderr_tail(
+    tmp_path: Path, example_source: Path, db: None,
+    request_experiment: Callable[..., Experiment],
+) -> None:
+    from agents.policies.llm import experiment_text, untrusted
+
+    target = register_variant(tmp_path, example_source, "crashing", command=json.dumps(CRASH))
+    experiment = request_experiment(target)
+
+    result = experiment_execute(experiment_id=experiment.pk, worker=WORKER)
+
+    assert result is not None and result.status == Experiment.Status.FAILED
+    [crash] = [f for f in result.feedback["findings"] if f["kind"] == "probe-failed"]
+    assert crash["severity"] == "fail" and crash["layer"] == "execution"
+    assert "exit status 1" in crash["title"] and "reason exit" in crash["detail"]
+    assert "Traceback (most recent call last)" in crash["detail"]
+    assert "RuntimeError: cache shape mismatch: 17 != 16" in crash["detail"]
+    # What ran and what the results say are worded apart.
+    assert result.feedback["execution"]["ok"] is False
+    assert "1 of 1 probe executions failed" in result.feedback["execution"]["text"]
+    # The agent reads it, and the next step tells it to read the crash first.
+    text = result.feedback["agent_text"]
+    assert "RuntimeError: cache shape mismatch" in text
+    assert "1. read the stderr of latency-bench baseline [default]" in text
+    shown = untrusted(experiment_text(result))
+    assert shown.startswith("<untrusted>") and "cache shape mismatch" in shown
+    assert f"Failure: {result.failure_reason}" in shown
+
+
+def test_the_stderr_tail_is_bounded() -> None:
+    from infraops.services.feedback import stderr_tail
+
+    long = "\n".join(f"line {i} " + "x" * 200 for i in range(500))
+    tail = stderr_tail(long)
+    assert len(tail) <= 1503 and tail.endswith("x" * 200)
+    assert tail.count("\n") < 25
+    assert stderr_tail("") == ""
+
+
+@pytest.mark.parametrize(("spec", "margin"), [
+    ({"min_effect": 0.03}, 0.03), ({"min_effect": None}, 0.01), ({}, 0.01), (None, 0.01),
+    ({"min_effect": -1}, 0.01),
+])
+def test_the_equivalence_margin_is_the_goals_smallest_meaningful_effect(
+    spec: dict[str, object] | None, margin: float,
+) -> None:
+    from infraops.services.experiments import margin_of
+
+    assert margin_of(spec) == margin
+
+
+def test_an_experiment_keeps_the_margin_it_was_asked_with(
+    example_target: Target, data_dir: Path, django_capture_on_commit_callbacks: Callable,
+) -> None:
+    candidate = candidate_commit(example_target, data_dir)
+    with django_capture_on_commit_callbacks(execute=False):
+        experiment = experiment_request(target=example_target, candidate_commit=candidate,
+                                        baseline_commit=example_target.manifest_commit,
+                                        margin=0.025)
+    assert experiment.margin == 0.025
+
+
+@pytest.mark.parametrize(("metric", "probe", "name", "margin"), [
+    ("decode.decode_us", "decode", "decode_us", 0.2),   # the goal's own metric
+    ("decode.decode_us", "decode", "memory_mb", 0.01),  # any other: the default
+    ("decode.decode_us", "prefill", "decode_us", 0.01),
+    ("", "prefill", "step_ms", 0.2),                    # blank: every metric
+])
+def test_the_goals_margin_is_for_the_goals_metric_only(metric: str, probe: str, name: str,
+                                                       margin: float) -> None:
+    from infraops.services.feedback import _Margin
+
+    assert _Margin(0.2, metric).of(probe, name) == margin
+
+
+def test_a_goal_version_names_the_metric_its_margin_is_for() -> None:
+    from infraops.services.experiments import margin_metric_of
+
+    assert margin_metric_of({"probe": "decode", "metric": "decode_us"}) == "decode.decode_us"
+    assert margin_metric_of(None) == ""
+    assert margin_of_clamped() == [0.01, 0.01, 0.5]
+
+
+def margin_of_clamped() -> list[float]:
+    from infraops.services.experiments import margin_of
+
+    return [margin_of({"min_effect": 1.5}), margin_of({"min_effect": 0}),
+            margin_of({"min_effect": 0.5})]

@@ -1,4 +1,4 @@
-"""infraops/feedback.py and the interval criteria of infraops/analysis.py: ordering, the
+"""infraops/feedback.py and the interval criteria of infraops/criteria.py: ordering, the
 bound on the agent's text, and criteria that pass only with confidence."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from infraops import feedback
-from infraops.analysis import evaluate_criterion_ci
+from infraops.criteria import evaluate_criterion_ci
 from infraops.feedback import Finding
 
 
@@ -34,7 +34,7 @@ def test_the_agent_text_stays_within_its_bound_and_counts_what_it_left_out(count
     text = built.agent_text()
 
     assert len(text) <= feedback.AGENT_TEXT_LIMIT
-    assert text.startswith(f"Feedback: {count} failing")
+    assert text.startswith(f"Verdict: {count} failing" if count else "Verdict: nothing to judge")
     shown = text.count("[FAIL performance]")
     if shown < count:
         assert f"({count - shown} more findings on the experiment page)" in text
@@ -88,3 +88,124 @@ def test_criteria_pass_only_when_the_whole_interval_meets_the_bound(
     if verdict.quantity is not None:
         assert verdict.ci_low is not None and verdict.ci_high is not None
         assert verdict.ci_low <= verdict.quantity <= verdict.ci_high
+
+
+# --- issue 10: names, explanations, execution apart from verdict, next steps ----------------
+
+def test_a_criterion_is_called_by_its_name_and_its_condition_kept() -> None:
+    spec = criterion("relative", "<=", -0.05) | {"name": "decode 5% faster"}
+    values = sampler({("", "baseline"): [10.0, 10.1, 9.9, 10.0, 10.2],
+                      ("", "candidate"): [9.0, 9.1, 8.9, 9.0, 9.2]})
+    verdict = evaluate_criterion_ci(spec, values)
+    assert verdict.criterion == "decode 5% faster"
+    assert evaluate_criterion_ci({k: v for k, v in spec.items() if k != "name"},
+                                 values).criterion == spec["description"]
+
+
+@pytest.mark.parametrize(("baseline", "candidate", "verdict", "words"), [
+    ([100.0] * 5, [102.0] * 5, "regressed", "regressed: ratio 1.02"),
+    ([100.0, 100.01, 99.99, 100.0, 100.02], [100.1, 100.11, 100.09, 100.1, 100.12], "no change",
+     "no change: ratio"),
+    ([100.0, 100.1, 100.2], [103.0, 103.1, 103.2], "inconclusive",
+     "inconclusive because ratio"),
+])
+def test_every_performance_verdict_explains_itself(baseline: list[float],
+                                                   candidate: list[float], verdict: str,
+                                                   words: str) -> None:
+    from infraops.stats import compare
+
+    [f] = feedback.performance_findings("bench", "", "instructions", "", "",
+                                        compare(baseline, candidate), {})
+    assert f.title == f"bench instructions {verdict}"
+    assert f.detail.startswith(words), f.detail
+    assert "n=" in f.detail and "executions a side" in f.detail
+    if verdict == "inconclusive":
+        assert "cannot reach p < 0.01 with fewer than 5 repeats a side" in f.detail
+    if verdict == "no change":
+        assert "within +-1.00% of 1, the smallest meaningful effect" in f.detail
+
+
+@pytest.mark.parametrize(("ratio", "direction", "implausible"), [
+    (0.1, "minimize", True), (0.25, "minimize", False), (10.0, "maximize", True),
+    (10.0, "minimize", False),  # a 10x slow-down is a regression, not a cheat
+])
+def test_a_speed_up_beyond_the_bound_fails_as_implausible(ratio: float, direction: str,
+                                                          implausible: bool) -> None:
+    from infraops.stats import compare
+
+    result = compare([10.0, 10.1, 9.9, 10.0, 10.05], [10.0 * ratio] * 5, direction=direction)
+    found = feedback.performance_findings("bench", "", "ms", "", "", result, {}, plausible=5.0)
+    flagged = [f for f in found if f.kind == "too-good-to-be-true"]
+    assert bool(flagged) is implausible
+    assert all(f.severity == feedback.FAIL and f.layer == "integrity" for f in flagged)
+
+
+def test_what_ran_is_worded_apart_from_the_verdict() -> None:
+    built = feedback.build([finding("fail", feedback.CASE, "a"), finding("fail", feedback.CASE)],
+                           execution={"text": "all probes ran: 12 executions, exit 0"})
+    text = built.agent_text()
+    assert text.startswith("Execution: all probes ran: 12 executions, exit 0.\nVerdict: 2 failing")
+    assert built.as_dict()["verdict"] == "2 failing, 0 warnings"
+
+
+def next_finding(kind: str, layer: str, **evidence: Any) -> Finding:
+    return Finding(layer, kind, feedback.FAIL, f"t {kind}", "d", feedback.CASE, evidence)
+
+
+@pytest.mark.parametrize(("found", "probes", "steps"), [
+    ([next_finding("probe-failed", "execution", probe="p", side="candidate", variant="cp=on",
+                   reason="timeout")], [],
+     ["read the stderr of p candidate [cp=on] above (reason timeout)"]),
+    ([next_finding("output-mismatch", "correctness", probe="p", case="len-4096",
+                   compared="[cp=on] vs [cp=off] (candidate)", seeds=[7],
+                   variants=["cp=off", "cp=on"],
+                   comparison={"first_mismatch": [0, 3, 17]})], [],
+     ["read case len-4096 of p [cp=on] vs [cp=off] (candidate) first at index [0, 3, 17] "
+      "(INFRAOPS_SEED=7 reproduces it)",
+      "compare variants [cp=on] and [cp=off] of p case by case: they must agree"]),
+    ([Finding("performance", "perf-comparison", feedback.WARN, "t", "d", feedback.METRIC,
+              {"probe": "bench", "metric": "ms", "variant": "",
+               "comparison": {"verdict": "inconclusive", "repeats_needed": 8,
+                              "advice": "with this noise (CV 3.0%), 8 repeats a side would "
+                                        "detect the observed 5.0% effect"}})],
+     [("e2e", 5, "covers the change (e2e) and has not run on it")],
+     ["decide bench ms: with this noise (CV 3.0%), 8 repeats a side would detect the observed "
+      "5.0% effect", "run probe e2e next (cost 5): covers the change (e2e) and has not run on "
+      "it"]),
+])
+def test_next_steps_follow_from_the_findings(found: list[Finding],
+                                             probes: list[tuple[str, int, str]],
+                                             steps: list[str]) -> None:
+    result = feedback.next_steps(found, probes)
+    assert len(result) == len(steps)
+    for step, expected in zip(result, steps, strict=True):
+        assert step.startswith(expected), step
+
+
+def test_next_steps_are_deduplicated_bounded_and_kept_in_the_agent_text() -> None:
+    same = [next_finding("output-mismatch", "correctness", probe="p", case="c1", compared="x",
+                         seeds=[1]) for _ in range(5)]
+    many = [next_finding("output-mismatch", "correctness", probe="p", case=f"c{i}",
+                         compared=f"pair {i}") for i in range(20)]
+    one_pair = [next_finding("output-mismatch", "correctness", probe="p", case=f"c{i}",
+                             compared="pair") for i in range(20)]
+    assert len(feedback.next_steps(same)) == 1
+    assert len(feedback.next_steps(one_pair)) == 1  # one case to read first per pair
+    assert len(feedback.next_steps(many)) == feedback.MAX_NEXT_STEPS
+    # The probe to run next keeps its slot however many cases failed.
+    steps = feedback.next_steps(many, [("e2e", 9, "covers the change")])
+    assert len(steps) == feedback.MAX_NEXT_STEPS and steps[-1].startswith("run probe e2e")
+    built = feedback.build(many + [finding("fail", feedback.CASE, "x", "y" * 900)
+                                   for _ in range(30)])
+    text = built.agent_text()
+    assert len(text) <= feedback.AGENT_TEXT_LIMIT
+    assert text.rstrip().splitlines()[-1].startswith(f"{feedback.MAX_NEXT_STEPS}. read case")
+
+
+def test_a_crash_keeps_the_end_of_its_stderr_in_the_agent_text() -> None:
+    tail = "\n".join(f'  File "engine/kv.py", line {i}, in step' for i in range(40))[-1400:]
+    crash = Finding("execution", "probe-failed", feedback.FAIL, "p candidate [] #0 failed",
+                    f"exit status 1, reason exit; the last lines of its stderr:\n{tail}\n"
+                    "ValueError: shapes (17,) and (16,) differ", feedback.PROBE, {})
+    text = feedback.build([crash]).agent_text()
+    assert "ValueError: shapes (17,) and (16,) differ" in text

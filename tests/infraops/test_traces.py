@@ -1,8 +1,10 @@
-"""infraops.traces: Chrome traces into span statistics, overlap, blocking, idle gaps and diffs."""
+"""infraops.traces: Chrome traces into span statistics, overlap, blocking, idle gaps, idle
+attribution and diffs."""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ from infraops.traces import (
     Trace,
     TraceError,
     blocked_intervals,
+    idle_attribution,
     idle_intervals,
     overlap,
     parse_trace,
@@ -44,7 +47,7 @@ def trace_of(*events: dict[str, Any], names: bool = True) -> Trace:
 
 
 # dispatch/combine alternate on main; the transfer thread only runs in the gaps, after waiting
-# for the GIL the whole time a C++ call holds it (the DeepEP v1.2.1 case in PRODUCT.md).
+# for the GIL the whole time a C++ call holds it (DeepEP v1.2.1, case 2 of docs/product.md).
 GIL_HELD = [
     complete("dispatch", 0, 100), complete("combine", 150, 100),
     complete("dispatch", 300, 100), complete("combine", 450, 100),
@@ -374,6 +377,207 @@ def test_idle_intervals_refuse_a_thread_the_trace_does_not_have() -> None:
     detail = idle_intervals(trace, "mooncake", min_us=60)[0].detail
     assert detail == "mooncake idle for 100 µs at +300 µs"
 
+
+# --- idle attribution ----------------------------------------------------------------------
+
+# The transfer thread waits 14 ms before each call, and main's dispatch holds 96% of it.
+HELD_14_MS = [
+    complete("dispatch", 0, 13440), complete("dispatch", 15000, 13440),
+    complete("kv_transfer", 14000, 1000, MOONCAKE), complete("kv_transfer", 29000, 1000, MOONCAKE),
+]
+
+
+@pytest.mark.parametrize(("events", "name", "waiting", "idle", "calls", "others", "detail"), [
+    # The example of issue 10: idle before each call, nearly all of it under dispatch.
+    (HELD_14_MS, "kv_transfer", "*wait*", 28000, 2, {("dispatch", "main"): 0.96},
+     "kv_transfer sat idle 14 ms a call (28 ms over 2 calls on thread mooncake; longest 14 ms: "
+     "96% dispatch); during 96% of it dispatch ran on thread main"),
+    # A gil_wait just before a call is the call's wait; the last call waits in a plain gap.
+    (GIL_HELD, "kv_transfer", "gil_wait*", 300, 3,
+     {("dispatch", "main"): 2 / 3, ("combine", "main"): 1 / 3},
+     "kv_transfer sat idle 100 µs a call (300 µs over 3 calls on thread mooncake; longest "
+     "100 µs: 100% dispatch); during 67% of it dispatch ran, 33% combine ran on thread main"),
+    # ... unless waits count as work: then only the plain gap is left.
+    (GIL_HELD, "kv_transfer", (), 100, 3, {("dispatch", "main"): 1.0},
+     "kv_transfer sat idle 33.3 µs a call (100 µs over 3 calls on thread mooncake; longest "
+     "100 µs: 100% dispatch); during 100% of it dispatch ran on thread main"),
+    # A wait attributed itself: all of its time is idle.
+    (GIL_HELD, "gil_wait", "gil_wait*", 200, 2,
+     {("dispatch", "main"): 0.5, ("combine", "main"): 0.5},
+     "gil_wait sat idle 100 µs a call (200 µs over 2 calls on thread mooncake; longest 100 µs: "
+     "100% dispatch); during 50% of it combine ran, 50% dispatch ran on thread main"),
+    # Released GIL: the transfer waits only for the trace to reach it and between its calls.
+    (GIL_RELEASED, "kv_transfer", "*wait*", 80, 2,
+     {("dispatch", "main"): 20 / 80, ("combine", "main"): 10 / 80},
+     "kv_transfer sat idle 40 µs a call (80 µs over 2 calls on thread mooncake; longest 70 µs: "
+     "14% combine, 14% dispatch); during 25% of it dispatch ran, 12% combine ran on thread "
+     "main; no other thread had a span open for 62% of it"),
+    # Back to back on its thread: no idle time at all.
+    ([complete("dispatch", 0, 100), complete("combine", 100, 100), complete("dispatch", 200, 50),
+      complete("kv_transfer", 0, 300, MOONCAKE)],
+     "dispatch", "*wait*", 0, 2, {}, "dispatch never sat idle (2 calls on thread main)"),
+    # Nested: a call inside a parent waits from the previous sibling's end, not the parent's
+    # start; the parent itself never waited. The innermost span on main is named, not "step".
+    ([complete("step", 0, 1000), complete("compute", 0, 300), complete("dispatch", 500, 300),
+      complete("kv_transfer", 300, 150, MOONCAKE)],
+     "dispatch", "*wait*", 200, 1, {("kv_transfer", "mooncake"): 0.75},
+     "dispatch sat idle 200 µs a call (1 call on thread main); during 75% of it kv_transfer ran "
+     "on thread mooncake; no other thread had a span open for 25% of it"),
+    ([complete("step", 0, 1000), complete("compute", 0, 300), complete("dispatch", 500, 300),
+      complete("kv_transfer", 300, 150, MOONCAKE)],
+     "step", "*wait*", 0, 1, {}, "step never sat idle (1 call on thread main)"),
+    # It stretched: a wait nested in the call, while the other thread held the work (the
+    # innermost span there: prep inside kv_transfer).
+    ([complete("dispatch", 0, 1000), complete("gil_wait", 200, 500),
+      complete("kv_transfer", 100, 700, MOONCAKE), complete("prep", 150, 100, MOONCAKE)],
+     "dispatch", "*wait*", 500, 1, {("kv_transfer", "mooncake"): 0.9, ("prep", "mooncake"): 0.1},
+     "dispatch sat idle 500 µs a call (1 call on thread main); during 90% of it kv_transfer "
+     "ran, 10% prep ran on thread mooncake"),
+    # The other thread was waiting too: named as a wait, not as holding anything.
+    ([complete("kv_transfer", 400, 100, MOONCAKE), complete("wait_kv", 0, 500)],
+     "kv_transfer", "*wait*", 400, 1, {("wait_kv", "main"): 1.0},
+     "kv_transfer sat idle 400 µs a call (1 call on thread mooncake); during 100% of it "
+     "wait_kv waited on thread main"),
+    # On two threads: each thread's idle time is attributed to the spans of the others, the
+    # span itself on the other thread included.
+    ([complete("dispatch", 0, 100), complete("kv_transfer", 100, 100, MOONCAKE),
+      complete("kv_transfer", 0, 50, 3), complete("kv_transfer", 150, 50, 3)],
+     "kv_transfer", "*wait*", 200, 3,
+     {("dispatch", "main"): 0.75, ("kv_transfer", "mooncake"): 0.25,
+      ("kv_transfer", "tid 3"): 0.25},
+     "kv_transfer sat idle 66.7 µs a call (200 µs over 3 calls on 2 threads; longest 100 µs: "
+     "100% dispatch, 50% kv_transfer); during 75% of it dispatch ran on thread main, 25% "
+     "kv_transfer ran on thread mooncake, 25% kv_transfer ran on thread tid 3"),
+    # Zero-length spans are no calls, and do not end a gap; a glob selects several names.
+    ([complete("dispatch", 0, 100), complete("kv_send", 100, 20, MOONCAKE),
+      complete("kv_recv", 200, 20, MOONCAKE), complete("tick", 150, 0, MOONCAKE),
+      complete("kv_send", 300, 0, MOONCAKE), complete("combine", 120, 80)],
+     "kv_*", "*wait*", 180, 2, {("dispatch", "main"): 100 / 180, ("combine", "main"): 80 / 180},
+     "kv_* sat idle 90 µs a call (180 µs over 2 calls on thread mooncake; longest 100 µs: 100% "
+     "dispatch); during 56% of it dispatch ran, 44% combine ran on thread main"),
+])
+def test_idle_attribution_names_what_ran_elsewhere_while_a_span_waited(
+    events: list[dict[str, Any]], name: str, waiting: str | tuple[str, ...], idle: float,
+    calls: int, others: dict[tuple[str, str], float], detail: str,
+) -> None:
+    result = idle_attribution(trace_of(*events), name, waiting=waiting)
+    assert result is not None
+    assert result.idle_us == pytest.approx(idle)
+    assert result.calls == calls
+    assert {(o.name, o.thread): o.share for o in result.others} == pytest.approx(others)
+    for (span, thread), share in others.items():
+        assert result.share_of(span, thread) == pytest.approx(share)
+    assert result.detail == detail
+    stored = json.loads(json.dumps(result.as_dict()))
+    assert stored["detail"] == detail and stored["calls"] == calls
+
+
+def test_idle_attribution_keeps_the_longest_wait_and_each_threads_share() -> None:
+    result = idle_attribution(trace_of(*GIL_HELD), "kv_transfer", waiting="gil_wait*")
+    assert result is not None
+    assert (result.idle_calls, result.max_call_idle_us, result.per_call_us) == (3, 100, 100)
+    assert result.threads == (("mooncake", 3, 300),)
+    assert result.unattributed_us == 0
+    assert result.longest is not None
+    assert (result.longest.start_us, result.longest.idle_us) == (100, 100)
+    assert [(o.name, o.share) for o in result.longest.others] == [("dispatch", 1.0)]
+    stored = result.as_dict()
+    assert stored["longest"]["at_us"] == 100
+    assert stored["others"][0] == {"name": "dispatch", "thread": "main", "pid": 7, "tid": MAIN,
+                                   "us": 200, "share": pytest.approx(2 / 3), "waiting": False}
+    assert result.share_of("dispatch") == pytest.approx(2 / 3)
+    assert result.share_of("decode") == 0
+
+
+@pytest.mark.parametrize("events", [
+    [],
+    [complete("dispatch", 0, 100)],
+    [complete("kv_transfer", 5, 0, MOONCAKE), complete("dispatch", 0, 100)],  # instants only
+    [{"name": "kv_transfer", "ph": "i", "ts": 5, "pid": 7, "tid": MOONCAKE}],
+])
+def test_idle_attribution_is_none_without_calls_that_take_time(
+    events: list[dict[str, Any]],
+) -> None:
+    assert idle_attribution(trace_of(*events), "kv_transfer") is None
+
+
+def test_idle_attribution_never_raises_on_a_hand_built_trace() -> None:
+    # Mixed pid kinds, a span ending before it starts, a NaN start: no parser would make it.
+    odd = Trace(spans=(Span("a", "", 1, 1, 0.0, 5.0), Span("a", "", "x", 1, 10.0, 20.0),
+                       Span("a", "", 1, 1, 30.0, 25.0), Span("b", "", 1, 2, math.nan, 30.0)))
+    result = idle_attribution(odd, "a")
+    assert result is None or json.dumps(result.as_dict())
+    clean = idle_attribution(Trace(spans=odd.spans[:2]), "a")
+    assert clean is not None
+    assert clean.threads == (("pid 1/tid 1", 1, 0.0), ("pid x/tid 1", 1, 10.0))
+    with pytest.raises(ValueError, match="at least one name"):
+        idle_attribution(trace_of(*GIL_HELD), [])
+
+
+SEQUENTIAL = st.lists(
+    st.tuples(st.sampled_from(["a", "b", "c_wait"]), st.integers(1, 3),
+              st.integers(0, 40), st.integers(0, 30)),
+    max_size=25,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=SEQUENTIAL)
+def test_at_the_top_of_a_thread_without_waits_the_idle_time_is_the_gaps_before_calls(
+    steps: list[tuple[str, int, int, int]],
+) -> None:
+    # Spans back to back or apart on each thread, never nested: every call is at the top.
+    cursor: dict[int, float] = {}
+    events = []
+    for name, tid, gap, dur in steps:
+        start = cursor.get(tid, 0) + gap
+        events.append(complete(name, start, dur, tid))
+        cursor[tid] = start + dur
+    trace = trace_of(*events, names=False)
+    result = idle_attribution(trace, "a", waiting=())
+    calls = [s for s in trace.spans if s.name == "a" and s.dur_us > 0]
+    if not calls:
+        assert result is None
+        return
+    assert result is not None
+    expected = 0.0
+    for thread in {s.thread for s in calls}:
+        starts = {s.start_us for s in calls if s.thread == thread}
+        expected += sum(i.dur_us for i in idle_intervals(trace, thread) if i.end_us in starts)
+    assert result.idle_us == pytest.approx(expected)
+    assert result.calls == len(calls)
+    assert 0 <= result.unattributed_us <= result.idle_us + 1e-9
+    by_thread: dict[str, float] = {}
+    for other in result.others:
+        assert 0 < other.share <= 1 + 1e-9
+        by_thread[other.thread] = by_thread.get(other.thread, 0) + other.share
+    assert all(total <= 1 + 1e-9 for total in by_thread.values())
+    json.dumps(result.as_dict())
+
+
+NESTED = st.lists(
+    st.tuples(st.sampled_from(["a", "b", "gil_wait", "wait_kv"]), st.integers(1, 3),
+              st.integers(0, 100), st.integers(0, 60)),
+    max_size=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(spans=NESTED, name=st.sampled_from(["a", "gil_wait", "*wait*", "b"]))
+def test_idle_attribution_is_bounded_on_any_overlapping_spans(
+    spans: list[tuple[str, int, int, int]], name: str,
+) -> None:
+    trace = trace_of(*[complete(n, ts, dur, tid) for n, tid, ts, dur in spans])
+    result = idle_attribution(trace, name)
+    if result is None:
+        return
+    assert 0 <= result.idle_us <= result.calls * (trace.end_us - trace.start_us) + 1e-9
+    assert result.max_call_idle_us <= result.idle_us + 1e-9
+    assert 0 <= result.unattributed_us <= result.idle_us + 1e-9
+    assert result.idle_calls <= result.calls
+    assert all(0 < o.share <= 1 + 1e-9 for o in result.others)
+    json.dumps(result.as_dict())
+    assert result.detail
 
 # --- diff ----------------------------------------------------------------------------------
 

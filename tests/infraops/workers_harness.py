@@ -85,15 +85,15 @@ class Worker:
         except psutil.NoSuchProcess:
             return set()
 
-    def kill_pool_child(self, pid: int) -> set[int] | None:
-        """SIGKILL `pid` if, and only if, it is one of this worker's pool children. Returns the
-        pids of what it was running (its descendants: probe supervisors, sandboxes), or None
-        when nothing was killed."""
+    def kill_pool_child(self, pid: int) -> set[psutil.Process] | None:
+        """SIGKILL `pid` if, and only if, it is one of this worker's pool children. Returns
+        what it was running (its descendants: probe supervisors, sandboxes, git), or None when
+        nothing was killed. psutil.Process values, so that a reused pid is not taken for one."""
         if pid not in self.pool_pids():
             return None
         try:
             child = psutil.Process(pid)
-            descendants = {p.pid for p in child.children(recursive=True)}
+            descendants = set(child.children(recursive=True))
             child.send_signal(signal.SIGKILL)
         except psutil.NoSuchProcess:
             return None
@@ -173,14 +173,40 @@ def started_workers(data_dir: Path, log_dir: Path, redis_url: str) -> Iterator[W
             sys.stdout.write(worker.log_path.read_text(errors="replace")[-1500:] + "\n")
 
 
-def alive(pids: set[int]) -> set[int]:
-    """The pids in `pids` still running (zombies count as gone)."""
+def alive(processes: set[psutil.Process]) -> set[psutil.Process]:
+    """The processes of `processes` still running: zombies and reused pids count as gone."""
     running = set()
-    for pid in pids:
+    for process in processes:
         with suppress(psutil.NoSuchProcess):
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                running.add(pid)
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                running.add(process)
     return running
+
+
+def running_in(folder: Path) -> set[psutil.Process]:
+    """Every live process whose command line names `folder` (a test's data folder: probes,
+    sandboxes and git commands do; workers do not). It finds what a dead worker's tree lost
+    track of, such as a sandbox started after the tree was listed."""
+    found = set()
+    for process in psutil.process_iter(["cmdline"]):
+        with suppress(psutil.Error):
+            if (str(folder) in " ".join(process.info["cmdline"] or ())
+                    and process.status() != psutil.STATUS_ZOMBIE):
+                found.add(process)
+    return found
+
+
+def described(processes: set[psutil.Process]) -> list[str]:
+    """One line per process: pid, parent, state, user and command line, for a failure."""
+    lines = []
+    for process in sorted(processes, key=lambda p: p.pid):
+        try:
+            with process.oneshot():
+                lines.append(f"{process.pid} ppid={process.ppid()} {process.status()} "
+                             f"{process.username()} {' '.join(process.cmdline())[:200]}")
+        except psutil.Error as error:
+            lines.append(f"{process.pid}: {error}")
+    return lines
 
 
 def holder_pid(claimed_by: str) -> int | None:

@@ -11,8 +11,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from agents.llm_step import _news
 from agents.models import AgentRun
+from agents.policies.llm import _news
 from infraops.errors import DomainError
 from infraops.models import AuditEntry, Goal, Target
 from reviews.models import Change, ReviewComment, ReviewDecision

@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from agents import tools
-from agents.tools import ToolContext, ToolResult, tool_call
+from agents.tools import ToolContext, ToolResult, tool_call, workspace
 from infraops import gitops
 from reviews.diff_policy import (
     MAX_DIFF_BYTES,
@@ -272,10 +272,20 @@ def test_a_huge_diff_is_refused_on_its_caps_before_it_is_parsed() -> None:
     diff = many_files(10_000, lines=90, width=59)
     assert len(diff) > 50 * 2**20
 
-    assert reasons(check_diff(diff, policy)) == [
+    tracemalloc.start()
+    try:
+        violations = check_diff(diff, policy)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert reasons(violations) == [
         f"(diff): {len(diff)} bytes exceed the cap of {MAX_DIFF_BYTES} bytes; not read further",
         f"(diff): 10000 files exceed the cap of {MAX_FILES} files; not read further",
     ]
+    # Bounded memory (row G2): the refusal copies, encodes or splits none of the 50 MiB (one
+    # copy alone would be 50 MiB; bench/hostile_patches.py prints the peak and the time).
+    assert peak < 8 * 2**20
 
 
 def test_a_huge_non_ascii_diff_is_measured_in_characters_without_being_encoded() -> None:
@@ -312,7 +322,7 @@ def outside(tmp_path: Path) -> Path:
 @pytest.fixture
 def ctx(tmp_path: Path, outside: Path) -> ToolContext:
     """A run's worktree (tmp_path/run-1) of a bare repository (tmp_path/repo.git), as
-    agents.llm_step sets them up, with the policy of OPEN."""
+    agents.policies.llm sets them up, with the policy of OPEN."""
     seed = tmp_path / "seed"
     for name, text in BASE_FILES.items():
         (seed / name).parent.mkdir(parents=True, exist_ok=True)
@@ -423,8 +433,8 @@ def test_what_git_wrote_past_the_checks_is_refused_and_undone(
     full = root / "src" / "Config.py"
     before = snapshot(ctx.worktree)
 
-    with (pytest.raises(tools._Refused) as refused,
-          tools._reverted_unless_safe(root, ["src/Config.py"])):
+    with (pytest.raises(workspace.Refused) as refused,
+          workspace._reverted_unless_safe(root, ["src/Config.py"])):
         write(full)
 
     assert any(reason in str(v) for v in refused.value.violations)
@@ -474,7 +484,7 @@ def plant(worktree: Path, case: str, outside: Path) -> None:
 @pytest.mark.parametrize("case", list(PLANTED))
 def test_a_commit_with_planted_content_is_refused_by_the_check_on_its_diff(
         ctx: ToolContext, outside: Path, case: str) -> None:
-    """The check agents.llm_step runs on base..head after commit_all, before an experiment
+    """The check agents.policies.shared runs on base..head after commit_all, before an experiment
     (and so before the commit can be submitted)."""
     plant(ctx.worktree, case, outside)
     repo = ctx.worktree.parent / "repo.git"

@@ -180,8 +180,10 @@ def _approved_but_merge_failed(change: Change, reviewer: User, example_target: T
     assert change.status == Change.Status.MERGE_FAILED, change.merge_error
 
 
+@pytest.mark.parametrize("trial", range(20))
 def test_a_double_clicked_merge_merges_once(config_change: Change, reviewer: User,
-                                            example_target: Target, tmp_path: Path) -> None:
+                                            example_target: Target, tmp_path: Path,
+                                            trial: int) -> None:
     _approved_but_merge_failed(config_change, reviewer, example_target, tmp_path)
 
     outcomes = _at_once(*(lambda: change_merge_request(

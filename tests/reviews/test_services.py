@@ -8,14 +8,15 @@ from typing import cast
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
+from django.test import Client
 
 from infraops import gitops
 from infraops.errors import DomainError
 from infraops.models import AuditEntry, Target
 from reviews.models import Change, ReviewDecision
 from reviews.services import change_advance, change_submit, review_decide
-from tests.conftest import UserFactory
+from tests.conftest import UserFactory, member
 from tests.reviews.conftest import SERVING_TOML, CommitOn, origin_moved
 
 
@@ -73,7 +74,8 @@ def test_an_engineer_without_the_reviewer_role_is_refused(config_change: Change,
 def test_the_person_who_started_the_run_is_refused_even_as_a_reviewer(
     example_target: Target, commit_on: CommitOn
 ) -> None:
-    starter = cast(User, UserFactory(username="sam", roles=["engineer", "reviewer"]))
+    starter = member(cast(User, UserFactory(username="sam", roles=["engineer"])), example_target,
+                     "reviewer")
     base, head = commit_on({"config/serving.toml": SERVING_TOML})
     change = change_submit(target=example_target, title="t", hypothesis="h", evidence={},
                            base_commit=base, head_commit=head, author_label="run 7",
@@ -255,6 +257,30 @@ def test_submit_approve_and_merge_write_audit_entries(config_change: Change,
     assert approve.data["diff_sha256"] == config_change.diff_sha256
     assert merge.data == {"commit": config_change.merged_commit, "branch": "main",
                           "approved_by": reviewer.pk}
+
+
+def test_control_characters_in_a_comment_are_stored_and_shown_escaped_in_the_audit_log(
+    config_change: Change, reviewer: User, client: Client
+) -> None:
+    # A forged second line ("\n2026-01-01 admin approved") or a terminal escape must not pass
+    # for an entry of its own in a log viewer or a psql session (reliability row D5).
+    comment = "fine\n2026-01-01 change.approve by admin\x1b[2K\x1b[31mFAKE\r"
+    review_decide(change=config_change, reviewer=reviewer, decision="reject", comment=comment)
+
+    entry = AuditEntry.objects.get(action="change.reject")
+    assert entry.data["comment"] == comment  # kept whole
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT data::text FROM infraops_auditentry WHERE id = %s", [entry.pk])
+        stored = cursor.fetchone()[0]
+    assert not {"\n", "\r", "\x1b"} & set(stored)
+    assert "\\n2026-01-01" in stored and "\\u001b[31m" in stored
+    assert AuditEntry.objects.filter(object_id=str(config_change.pk)).count() == 2  # submit, reject
+    admin = cast(User, UserFactory(username="root", roles=["engineer"]))
+    admin.is_superuser = True
+    admin.save()
+    client.force_login(admin)
+    page = client.get(f"/admin/infraops/auditentry/{entry.pk}/change/").content.decode()
+    assert "FAKE" in page and "\x1b" not in page and "\r" not in page
 
 
 @pytest.mark.parametrize("statement", ["update", "delete"])

@@ -7,11 +7,12 @@ import re
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.test import Client
 
 from infraops.models import AuditEntry
 from reviews.models import Change, ReviewDecision
+from tests.conftest import member
 
 RISK_NOTE = "production: changes the production serving configuration"
 
@@ -179,8 +180,7 @@ def test_the_person_who_started_the_run_is_not_offered_the_decision(
     client: Any, config_change: Any
 ) -> None:
     starter = config_change.requested_by
-    starter.groups.add(Group.objects.get_or_create(name="reviewer")[0])
-    client.force_login(starter)
+    client.force_login(member(starter, config_change.target, "reviewer"))
 
     page = client.get(f"/reviews/changes/{config_change.pk}/").content.decode()
 

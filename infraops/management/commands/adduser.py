@@ -1,4 +1,8 @@
-"""manage.py adduser NAME --role engineer|reviewer|viewer [--password P] [--admin]"""
+"""manage.py adduser NAME --role engineer|reviewer|viewer [--target T ...] [--password P]
+[--admin]
+
+A user sees only the targets they are a member of (infraops.access), in their first role
+there; --target makes them one (superusers see every target)."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
+from infraops.models import Target, TargetMembership
 from infraops.roles import ENGINEER, ROLES
 
 
@@ -23,6 +28,8 @@ class Command(BaseCommand):
         parser.add_argument("--password", help="Default: a generated one, printed once.")
         parser.add_argument("--email", default="")
         parser.add_argument("--admin", action="store_true", help="Also a superuser.")
+        parser.add_argument("--target", action="append", default=[],
+                            help="A target's name the user joins in their first role; repeat.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         User = get_user_model()
@@ -40,7 +47,15 @@ class Command(BaseCommand):
             if len(groups) != len(set(options["role"])):
                 raise CommandError("Role groups are missing: run `manage.py migrate` first.")
             user.groups.add(*groups)
+            role = next(r for r in ROLES if r in options["role"])
+            for name in options["target"]:
+                target = Target.objects.filter(name=name).first()
+                if target is None:
+                    raise CommandError(f"No target named {name!r}: nothing was changed.")
+                TargetMembership.objects.update_or_create(target=target, user=user,
+                                                          defaults={"role": role})
         roles = ", ".join(sorted(g.name for g in user.groups.all()))
         verb = "Created" if created else "Updated"
         shown = f" with password {password}" if created or options["password"] else ""
-        self.stdout.write(f"{verb} {user.get_username()} ({roles}){shown}")
+        joined = f", member of {', '.join(options['target'])}" if options["target"] else ""
+        self.stdout.write(f"{verb} {user.get_username()} ({roles}{joined}){shown}")

@@ -12,7 +12,7 @@ from infraops import gitops
 from infraops.errors import DomainError
 from infraops.models import AcceptanceCriterion, Boundary, Goal, Target
 from infraops.services.goals import goal_snapshot
-from infraops.services.targets import target_register
+from infraops.services.targets import target_add_role_holders, target_register
 
 EXAMPLES = Path(settings.BASE_DIR) / "examples"
 
@@ -52,4 +52,9 @@ class Command(BaseCommand):
                 goal=goal, kind=AcceptanceCriterion.Kind.RELATIVE, probe="latency-bench",
                 metric="latency_ms", comparison="<=", value=-0.05)
             goal_snapshot(goal=goal)
-        self.stdout.write(f"Example target {target.name} ready ({origin}), goal {goal.name!r}.")
+        # The first users (standalone makes them before the example) see it in their role.
+        joined = target_add_role_holders(target=target)
+        names = ", ".join(user.get_username() for user in joined)
+        members = f"; members added: {names}" if joined else ""
+        self.stdout.write(f"Example target {target.name} ready ({origin}), goal {goal.name!r}"
+                          f"{members}.")

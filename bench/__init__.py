@@ -1,0 +1,1 @@
+"""Benchmarks (scripts; see README.md). A package so that tests can import their helpers."""

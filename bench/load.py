@@ -1,0 +1,303 @@
+"""HTTP load on one web process: 30 signed-in clients on the dashboard and a run page.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres REDIS_URL=redis://127.0.0.1:6379/10 \
+        .venv/bin/python bench/load.py [--requests 1200] [--clients 30] [--database infraops_load]
+
+It creates (and drops) its own database (--database, `infraops_load` unless told) on
+DATABASE_URL's server, with the
+example target, a signed-in engineer and a run with steps and events; starts one uvicorn (as
+`manage.py standalone` does) on it; and sends --requests requests from --clients concurrent
+clients (each its own keep-alive connection, one shared session), alternating the dashboard and
+the run page. Before, 30 clients on one web process gave a p95 of 1.5 s and 29% 500s ('too many
+clients': every request thread kept its own connection); then 0.77-0.95 s at 45-58 requests/s
+and 16-17 ms of web CPU a request, with a new database connection per request, Django's async
+middleware chain and the log rendered anew each time; with the pool, one hop into the request's
+thread, fewer queries and log and step rows rendered once, 0.41-0.58 s at 79-104 requests/s and
+about 10 ms of web CPU a request (load average 3-10). With access per target (the engineer a
+member of the example target, as load_example makes it): 0.62-0.66 s at 58-66 requests/s and
+13.5-15.5 ms of web CPU a request (load average 1.3-2.5), with as many queries a page as
+before (dashboard 7, run page 11): the access checks are the first place to profile.
+
+Figures: http_p95_ms_30_clients (target <= 300) and http_error_rate_30_clients (target 0: any
+status but 200, or no answer); to tell where time goes: http_median_ms_30_clients,
+http_throughput_rps, web_cpu_ms_per_request (the web process's CPU time over the load, per
+request: what the pages cost it, whatever else the machine runs), db_connections_peak (the web
+process's connections, sampled every 50 ms),
+db_connections_after (2 s after the load), and the load average around the run (the machine
+has 2 cores and may be running a CI suite as well).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+USER, PASSWORD = "loader", "correct horse battery staple"
+
+
+def figure(name: str, value: float, unit: str) -> None:
+    print(f"figure: {name} {value:.4g} {unit}", flush=True)
+
+
+def _admin_url() -> str:
+    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+    return urlunsplit(urlsplit(base)._replace(path="/postgres"))
+
+
+def _database(name: str, create: bool) -> str:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(_admin_url(), autocommit=True) as conn:
+        database = sql.Identifier(name)
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(database))
+        if create:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(database))
+    return urlunsplit(urlsplit(_admin_url())._replace(path=f"/{name}"))
+
+
+def connections_of(database: str) -> int:
+    """Client connections to `database`, this sampler's own excepted."""
+    import psycopg
+
+    with psycopg.connect(_admin_url(), autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                           "AND pid <> pg_backend_pid()", [database]).fetchone()
+    return int(row[0]) if row else 0
+
+
+def setup(data: Path, database: str) -> tuple[dict[str, str], int]:
+    """The database with the example target, a user and a run; the web process's env."""
+    env = os.environ | {
+        "DATABASE_URL": _database(database, create=True), "INFRAOPS_DATA": str(data),
+        "DJANGO_SETTINGS_MODULE": "infraops.settings", "PYTHONUNBUFFERED": "1",
+        "SECRET_KEY": os.environ.get("SECRET_KEY") or "load-bench-" + os.urandom(16).hex(),
+    }
+    env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/10")
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from django.contrib.auth.models import Group, User
+    from django.core.management import call_command
+
+    from agents.models import AgentRun, RunEvent, Step
+    from infraops.models import Goal
+
+    call_command("migrate", verbosity=0)
+    user = User.objects.create_user(USER, password=PASSWORD, is_staff=True)
+    user.groups.add(Group.objects.get_or_create(name="engineer")[0])
+    # After the user: load_example makes the role holders members of the example target, so
+    # the pages pay for the per-target access check as every member's do.
+    call_command("load_example", stdout=open(os.devnull, "w"))  # noqa: SIM115
+    goal = Goal.objects.get()
+    run = AgentRun.objects.create(
+        goal_version=goal.versions.get(), target=goal.target, policy="tuner",
+        status=AgentRun.Status.PAUSED, started_by=user, base_commit=goal.target.manifest_commit,
+        manifest_sha256=goal.target.manifest_sha256, step_count=20, event_seq=40)
+    Step.objects.bulk_create(
+        Step(run=run, number=n, summary=f"step {n}: try batch_size={2 ** (n % 6)}",
+             tool="experiment_request", arguments={"batch_size": str(2 ** (n % 6))},
+             verdict=f"objective {1 - n / 100:.3f}") for n in range(1, 21))
+    RunEvent.objects.bulk_create(
+        RunEvent(run=run, seq=n, kind="step", message=f"Step {n} done.") for n in range(1, 41))
+    from django.db import connections
+
+    connections.close_all()
+    return env, run.pk
+
+
+def start_web(env: dict[str, str], data: Path, port: int) -> subprocess.Popen[bytes]:
+    log = (data / "web.log").open("wb")
+    web = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "infraops.asgi:application", "--host", "127.0.0.1",
+         "--port", str(port), "--no-access-log"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if web.poll() is not None:
+            raise SystemExit(f"the web process exited: {(data / 'web.log').read_text()[-2000:]}")
+        try:
+            status, _, _ = request(port, "GET", "/healthz")
+            if status == 200:
+                return web
+        except OSError:
+            pass
+        time.sleep(0.2)
+    web.kill()  # not returned, so the caller cannot stop it
+    web.wait()
+    raise SystemExit("the web process did not answer /healthz within 60 s: "
+                     f"{(data / 'web.log').read_text()[-2000:]}")
+
+
+def request(port: int, method: str, path: str, *, cookie: str = "", body: str = "",
+            conn: http.client.HTTPConnection | None = None,
+            ) -> tuple[int, dict[str, str], bytes]:
+    own = conn is None
+    conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Cookie": cookie} if cookie else {}
+    if body:
+        headers["Content-Type"] = "application/x-www-form-urlencoded"
+        headers["Referer"] = f"http://127.0.0.1:{port}/accounts/login/"
+    try:
+        conn.request(method, path, body=body or None, headers=headers)
+        response = conn.getresponse()
+        content = response.read()
+        cookies = [v for k, v in response.getheaders() if k.lower() == "set-cookie"]
+        return response.status, {"set-cookie": "\n".join(cookies)}, content
+    finally:
+        if own:
+            conn.close()
+
+
+def _cookies(set_cookie: str) -> dict[str, str]:
+    return dict(re.findall(r"(?m)^\s*([^=;\s]+)=([^;]*)", set_cookie))
+
+
+def sign_in(port: int) -> str:
+    """The Cookie header of a signed-in session."""
+    _, headers, page = request(port, "GET", "/accounts/login/")
+    jar = _cookies(headers["set-cookie"])
+    token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert token is not None, "no CSRF token on the login page"
+    body = urlencode({"username": USER, "password": PASSWORD,
+                      "csrfmiddlewaretoken": token.group(1).decode()})
+    status, headers, _ = request(port, "POST", "/accounts/login/", body=body,
+                                 cookie=f"csrftoken={jar['csrftoken']}")
+    jar |= _cookies(headers["set-cookie"])
+    if status != 302 or "sessionid" not in jar:
+        raise SystemExit(f"signing in failed (HTTP {status})")
+    return "; ".join(f"{k}={v}" for k, v in jar.items())
+
+
+def load(port: int, cookie: str, paths: list[str], requests: int, clients: int,
+         ) -> tuple[list[float], int, float]:
+    """Latencies (s) of `requests` requests from `clients` threads, the errors, wall time."""
+    latencies: list[float] = []
+    errors = 0
+    counter = iter(range(requests))
+    lock = threading.Lock()
+
+    def client() -> None:
+        nonlocal errors
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        while True:
+            with lock:
+                n = next(counter, None)
+            if n is None:
+                break
+            start = time.perf_counter()
+            try:
+                status, _, _ = request(port, "GET", paths[n % len(paths)], cookie=cookie,
+                                       conn=conn)
+                ok = status == 200
+            except (OSError, http.client.HTTPException):
+                ok = False
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            elapsed = time.perf_counter() - start
+            with lock:
+                latencies.append(elapsed)
+                errors += 0 if ok else 1
+        conn.close()
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return latencies, errors, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1200)
+    parser.add_argument("--clients", type=int, default=30)
+    parser.add_argument("--database", default="infraops_load",
+                        help="the database to create (and drop) on DATABASE_URL's server")
+    args = parser.parse_args()
+    data = Path(tempfile.mkdtemp(prefix="infraops-load-"))
+    data.chmod(0o755)
+    web = None
+    try:
+        env, run = setup(data, args.database)
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        web = start_web(env, data, port)
+        cookie = sign_in(port)
+        paths = ["/", f"/runs/{run}/"]
+        for path in paths:  # each page answers before the load
+            status, _, _ = request(port, "GET", path, cookie=cookie)
+            if status != 200:
+                raise SystemExit(f"{path} answered {status} before the load")
+        load(port, cookie, paths, 60, 5)  # warm-up: templates, the pool, code paths
+
+        peak = 0
+        stop = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not stop.wait(0.05):
+                peak = max(peak, connections_of(args.database))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        load_before = os.getloadavg()
+        web_cpu = psutil.Process(web.pid)
+        cpu_before = sum(web_cpu.cpu_times()[:2])
+        sampler.start()
+        latencies, errors, wall = load(port, cookie, paths, args.requests, args.clients)
+        cpu_spent = sum(web_cpu.cpu_times()[:2]) - cpu_before
+        stop.set()
+        sampler.join()
+        load_after = os.getloadavg()
+        time.sleep(2)
+        after = connections_of(args.database)
+
+        latencies.sort()
+        p95 = latencies[max(0, round(0.95 * len(latencies)) - 1)]
+        suffix = f"{args.clients}_clients"
+        figure(f"http_p95_ms_{suffix}", p95 * 1000, "ms")
+        figure(f"http_error_rate_{suffix}", errors / len(latencies), "ratio")
+        figure(f"http_median_ms_{suffix}", statistics.median(latencies) * 1000, "ms")
+        figure("http_throughput_rps", len(latencies) / wall, "requests/s")
+        figure("web_cpu_ms_per_request", cpu_spent / len(latencies) * 1000, "ms")
+        figure("db_connections_peak", peak, "connections")
+        figure("db_connections_after", after, "connections")
+        print(f"requests: {len(latencies)} ({args.clients} clients, pages {', '.join(paths)}); "
+              f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
+              f"on {os.cpu_count()} cores", flush=True)
+    finally:
+        if web is not None:
+            web.terminate()
+            try:
+                web.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                web.kill()
+        from django.db import connections
+
+        connections.close_all()
+        _database(args.database, create=False)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Fixtures of the agent tests: a real local OpenAI-compatible server and an LLM goal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from infraops.models import AcceptanceCriterion, Boundary, Goal, Target
+from infraops.services.goals import goal_snapshot
+from tests.agents.openai_stub import OpenAIStub
+
+API_KEY = "sk-test-live-key-0123456789"
+SECRET = "db-password-sentinel-42"
+
+
+@pytest.fixture
+def stub(settings: Any) -> Iterator[OpenAIStub]:
+    with OpenAIStub() as server:
+        settings.OPENAI_BASE_URL = server.base_url
+        settings.OPENAI_API_KEY = API_KEY
+        settings.INFRAOPS_MODEL = "stub-model"
+        settings.SECRET_KEY = SECRET + "-secret-key"
+        yield server
+
+
+@pytest.fixture
+def llm_goal(example_target: Target, engineer: User) -> Callable[..., Goal]:
+    def make(**boundary: Any) -> Goal:
+        goal = Goal.objects.create(target=example_target, name="llm latency",
+                                   probe="latency-bench", metric="latency_ms",
+                                   direction="minimize", policy=Goal.Policy.LLM, owner=engineer)
+        Boundary.objects.create(goal=goal, editable_paths="config/**", **boundary)
+        AcceptanceCriterion.objects.create(goal=goal, kind="relative", probe="latency-bench",
+                                           metric="latency_ms", comparison="<=", value=-0.05)
+        goal_snapshot(goal=goal, user=engineer)
+        return goal
+
+    return make

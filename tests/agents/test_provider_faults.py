@@ -1,0 +1,134 @@
+"""A failing model endpoint does not end a run for good: 429s wait as asked, 5xx, timeouts and
+refused connections are retried with backoff for INFRAOPS_LLM_RETRY_SECONDS, then the run
+pauses with the reason and Resume retries; only what no retry fixes (a 401) fails it. Each
+wait is an event on the run page. A real local OpenAI-compatible server plays the endpoint."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib.auth.models import User
+
+from agents.models import AgentRun
+from agents.services import run_resume, run_start
+from infraops.models import Goal
+from tests.agents.openai_stub import OpenAIStub, completion, rate_limited, server_error
+from tests.agents.test_llm_runs import call, step
+
+
+def waits(run: AgentRun) -> list[dict[str, Any]]:
+    return [e.data for e in run.events.filter(kind="wait").order_by("seq")]
+
+
+def test_three_500s_in_a_row_wait_and_retry_instead_of_failing_the_run(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    goal = llm_goal()
+    for _ in range(3):  # the turn's own two quick retries, then the step's
+        stub.push(server_error(500))
+    stub.push(completion(tool_calls=[call("list_files", glob="*.toml")]))
+    with django_capture_on_commit_callbacks(execute=False) as queued:
+        run = run_start(goal=goal, user=engineer)
+        run = step(run)
+
+    assert run.status == AgentRun.Status.RUNNING
+    assert run.step_count == 0 and run.provider_failing_since is not None
+    seen = waits(run)
+    # Two short waits inside the turn, then the step is re-scheduled with backoff.
+    assert [w["attempt"] for w in seen] == [1, 2, 1]
+    assert all("500" in w["reason"] for w in seen)
+    assert queued  # the step is queued again (with a countdown) after commit
+
+    with django_capture_on_commit_callbacks(execute=False):
+        run = step(run)
+
+    assert run.step_count == 1 and run.status == AgentRun.Status.RUNNING
+    assert run.provider_failing_since is None  # an answer clears the failing window
+
+
+def test_a_refused_connection_past_the_retry_window_pauses_and_resume_completes(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any, settings: Any,
+) -> None:
+    goal = llm_goal()
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    settings.OPENAI_BASE_URL = f"http://127.0.0.1:{port}/v1"  # nothing listens there
+    with django_capture_on_commit_callbacks(execute=False):
+        run = run_start(goal=goal, user=engineer)
+        run = step(run)
+        assert run.status == AgentRun.Status.RUNNING
+        assert "could not connect" in waits(run)[0]["reason"]
+
+        settings.LLM_RETRY_SECONDS = 0
+        run = step(run)
+
+    assert run.status == AgentRun.Status.PAUSED
+    assert "the model endpoint has failed for" in run.stop_reason
+    assert "could not be reached" in run.stop_reason and "Resume retries" in run.stop_reason
+
+    settings.OPENAI_BASE_URL = stub.base_url
+    settings.LLM_RETRY_SECONDS = 300
+    stub.push(completion(tool_calls=[call("finish", summary="the endpoint is back")]))
+    with django_capture_on_commit_callbacks(execute=False):
+        run = run_resume(run=run, user=engineer)
+        run = step(run)
+
+    assert run.status == AgentRun.Status.FINISHED
+    assert "the endpoint is back" in run.stop_reason
+
+
+def test_a_long_rate_limit_re_schedules_the_step_as_the_server_asks(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    goal = llm_goal()
+    stub.push(rate_limited(120))
+    with django_capture_on_commit_callbacks(execute=False):
+        run = run_start(goal=goal, user=engineer)
+        run = step(run)
+
+    assert run.status == AgentRun.Status.RUNNING and run.step_count == 0
+    [wait] = waits(run)
+    assert wait["retry_in"] == 120
+    assert run.provider_failing_since is None  # a rate limit is not a fault
+
+
+def test_a_short_rate_limit_is_slept_in_the_turn_and_shown_as_a_wait(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    goal = llm_goal()
+    stub.push(rate_limited(0.2))
+    stub.push(completion(tool_calls=[call("list_files", glob="*.toml")]))
+    with django_capture_on_commit_callbacks(execute=False):
+        run = run_start(goal=goal, user=engineer)
+        run = step(run)
+
+    assert run.step_count == 1
+    [wait] = waits(run)
+    assert wait["retry_in"] == 0.2 and "429" in wait["reason"]
+
+
+def test_an_endpoint_that_refuses_the_key_fails_the_run_at_once(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    from tests.agents.openai_stub import StubReply
+
+    goal = llm_goal()
+    stub.push(StubReply(401, {"error": {"message": "bad key", "type": "auth", "param": None,
+                                        "code": None}}))
+    with django_capture_on_commit_callbacks(execute=False):
+        run = run_start(goal=goal, user=engineer)
+        run = step(run)
+
+    assert run.status == AgentRun.Status.FAILED
+    assert "refused the request" in run.stop_reason and "401" in run.stop_reason
+    assert len(stub.requests) == 1  # no retry: none would help
+    assert json.dumps(waits(run)) == "[]"

@@ -1,0 +1,226 @@
+"""infraops.services.behaviour: never-overlapping span pairs and changed spans as findings,
+with the idle-time attribution and each side's overlap (issue 10, item 5)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from infraops.blobs import blob_put
+from infraops.manifest import Probe
+from infraops.models import Artifact, Experiment, ProbeExecution, Target
+from infraops.services.behaviour import behaviour_findings, change_findings, overlap_findings
+from tests.infraops.test_traces import GIL_HELD, GIL_RELEASED, MOONCAKE, complete, trace_of
+
+# The transfer starts only once main's dispatch or combine lets go of the GIL, and takes longer.
+KV_WAITS = [
+    complete("dispatch", 0, 100), complete("combine", 150, 100),
+    complete("kv_transfer", 100, 100, MOONCAKE), complete("kv_transfer", 250, 80, MOONCAKE),
+]
+KV_OVERLAPS = [
+    complete("dispatch", 0, 100), complete("combine", 150, 100),
+    complete("kv_transfer", 10, 80, MOONCAKE), complete("kv_transfer", 160, 50, MOONCAKE),
+]
+EVIDENCE = {"probe": "prefill-kv", "execution": 1, "artifact": "trace.json"}
+
+
+@pytest.mark.parametrize(("side", "events", "other", "expected"), [
+    # The held GIL on the baseline; the released one on the candidate overlaps.
+    ("baseline", GIL_HELD, GIL_RELEASED, {
+        "kv_transfer never overlaps dispatch": [
+            "kv_transfer overlaps dispatch for 0.0% of its time (0 of 150 µs)",
+            "overlap 0.0% on the baseline, 62% on the candidate",
+            "thread mooncake sat idle for 60% of the time main ran dispatch",
+            "kv_transfer sat idle 100 µs a call (300 µs over 3 calls on thread mooncake; "
+            "longest 100 µs: 100% dispatch); during 67% of it dispatch ran, 33% combine ran on "
+            "thread main"],
+        "kv_transfer never overlaps combine": [
+            "overlap 0.0% on the baseline, 38% on the candidate",
+            "thread mooncake sat idle for 50% of the time main ran combine",
+            "during 67% of it dispatch ran, 33% combine ran on thread main"],
+    }),
+    # Seen from the candidate: the same pair, the other way round.
+    ("candidate", GIL_HELD, GIL_RELEASED, {
+        "kv_transfer never overlaps dispatch": [
+            "overlap 62% on the baseline, 0.0% on the candidate"],
+        "kv_transfer never overlaps combine": [
+            "overlap 38% on the baseline, 0.0% on the candidate"],
+    }),
+    # The other side has no transfer at all.
+    ("baseline", GIL_HELD, [complete("dispatch", 0, 100)], {
+        "kv_transfer never overlaps dispatch": [
+            "overlap 0.0% on the baseline, none on the candidate (no kv_transfer spans)"],
+        "kv_transfer never overlaps combine": [
+            "overlap 0.0% on the baseline, none on the candidate (no kv_transfer spans)"],
+    }),
+    # No other trace: nothing to compare with, the rest stays.
+    ("baseline", GIL_HELD, None, {
+        "kv_transfer never overlaps dispatch": ["during 67% of it dispatch ran"],
+        "kv_transfer never overlaps combine": ["during 67% of it dispatch ran"],
+    }),
+    # Released: every pair overlaps, no finding.
+    ("candidate", GIL_RELEASED, GIL_HELD, {}),
+])
+def test_a_pair_that_never_overlaps_names_what_ran_while_its_thread_sat_idle(
+    side: str, events: list[dict[str, Any]], other: list[dict[str, Any]] | None,
+    expected: dict[str, list[str]],
+) -> None:
+    found = overlap_findings("prefill-kv", f"default, {side}", trace_of(*events),
+                             EVIDENCE | {"side": side}, side=side,
+                             other=trace_of(*other) if other is not None else None)
+    titles = {f.title.removeprefix(f"prefill-kv [default, {side}] "): f for f in found}
+    assert set(titles) == set(expected)
+    for title, parts in expected.items():
+        finding = titles[title]
+        assert (finding.kind, finding.severity) == ("no-overlap", "warn")
+        for part in parts:
+            assert part in finding.detail
+        evidence = json.loads(json.dumps(finding.evidence))  # JSON-ready as stored
+        assert evidence["side"] == side and evidence["execution"] == 1
+        assert evidence["overlap"]["fraction"] == 0
+        attribution = evidence["attribution"]
+        assert attribution["name"] == ["kv_transfer"] and attribution["idle_us"] == 300
+        assert {(o["name"], o["thread"]) for o in attribution["others"]} == {
+            ("dispatch", "main"), ("combine", "main")}
+        if other is None:
+            assert "overlap_by_side" not in evidence and "on the candidate" not in finding.detail
+        else:
+            assert list(evidence["overlap_by_side"]) == ["baseline", "candidate"]
+            assert evidence["overlap_by_side"][side]["fraction"] == 0
+
+
+def test_the_pair_overlap_on_each_side_is_in_the_evidence() -> None:
+    [_, dispatch] = overlap_findings("p", "default, baseline", trace_of(*GIL_HELD), {},
+                                     side="baseline", other=trace_of(*GIL_RELEASED))
+    by_side = dispatch.evidence["overlap_by_side"]
+    assert by_side["baseline"]["fraction"] == 0
+    assert by_side["candidate"]["fraction"] == pytest.approx(80 / 130)
+    assert by_side["candidate"]["a"] == ["kv_transfer"] and by_side["candidate"]["b"] == [
+        "dispatch"]
+    assert (dispatch.evidence["idle_during_us"], dispatch.evidence["held_us"]) == (120, 200)
+
+
+@pytest.mark.parametrize(("baseline", "candidate", "expected"), [
+    # The transfer grew because it waited for dispatch, then combine: named, with the pair's
+    # overlap before and after.
+    (KV_OVERLAPS, KV_WAITS, {
+        "span kv_transfer grew": (
+            "kv_transfer grew 38% (p50 65.0 µs -> 90.0 µs, total 130 µs -> 180 µs); count 2 -> 2; "
+            "on the candidate, kv_transfer sat idle 75 µs a call (150 µs over 2 calls on thread "
+            "mooncake; longest 100 µs: 100% dispatch); during 67% of it dispatch ran, 33% "
+            "combine ran on thread main; kv_transfer overlapped dispatch 62% on the baseline, "
+            "0.0% on the candidate"),
+    }),
+    # A new wait: all of it is idle time, and it is paired with what held the thread.
+    (GIL_RELEASED, [*GIL_RELEASED, complete("gil_wait", 300, 100, MOONCAKE),
+                    complete("decode", 250, 200)], {
+        "span gil_wait new": (
+            "gil_wait is new (1 span, p50 100 µs, total 100 µs); count 0 -> 1; on the "
+            "candidate, gil_wait sat idle 190 µs a call (1 call on thread mooncake); during "
+            "79% of it decode ran, 21% combine ran on thread main; gil_wait overlapped decode "
+            "none on the baseline (no gil_wait spans), 100% on the candidate"),
+        # Straight after combine on its thread: it never sat idle, so nothing is worded.
+        "span decode new": "decode is new (1 span, p50 200 µs, total 200 µs); count 0 -> 1",
+    }),
+    # Shrinking spans carry no attribution; a grown one that never sat idle words none.
+    (KV_WAITS, [complete("dispatch", 0, 150), complete("combine", 150, 100),
+                complete("kv_transfer", 200, 10, MOONCAKE)], {
+        "span kv_transfer shrank": (
+            "kv_transfer shrank 94% (p50 90.0 µs -> 10.0 µs, total 180 µs -> 10 µs); "
+            "count 2 -> 1"),
+        "span dispatch grew": (
+            "dispatch grew 50% (p50 100 µs -> 150 µs, total 100 µs -> 150 µs); count 1 -> 1"),
+    }),
+])
+def test_a_grown_or_new_span_carries_the_attribution_of_its_idle_time(
+    baseline: list[dict[str, Any]], candidate: list[dict[str, Any]],
+    expected: dict[str, str],
+) -> None:
+    found = change_findings("p", "", trace_of(*baseline), trace_of(*candidate), EVIDENCE)
+    got = {f.title.removeprefix("p "): f for f in found}
+    assert {title: f.detail for title, f in got.items()} == expected
+    for finding in got.values():
+        evidence = json.loads(json.dumps(finding.evidence))
+        assert evidence["span"] == finding.evidence["change"]["name"]
+        if finding.kind in ("span-grew", "span-new"):
+            assert evidence["attribution"]["name"] == [evidence["span"]]
+        else:
+            assert "attribution" not in evidence and "overlap_by_side" not in evidence
+
+
+def test_a_grown_span_with_little_idle_time_keeps_it_in_the_evidence_only() -> None:
+    baseline = [complete("dispatch", 0, 1000), complete("kv_transfer", 0, 900, MOONCAKE)]
+    candidate = [complete("dispatch", 10, 2000), complete("kv_transfer", 0, 900, MOONCAKE)]
+    [grew] = change_findings("p", "", trace_of(*baseline), trace_of(*candidate), {})
+    assert grew.detail == ("dispatch grew 100% (p50 1.00 ms -> 2.00 ms, total 1 ms -> 2 ms); "
+                           "count 1 -> 1")
+    assert grew.evidence["attribution"]["idle_us"] == 10
+    assert grew.evidence["attribution"]["others"][0]["name"] == "kv_transfer"
+    assert "overlap_by_side" in grew.evidence  # kv_transfer ran 100% of those 10 µs
+
+
+def _execution(experiment: Experiment, side: str, events: list[dict[str, Any]],
+               tmp_path: Path) -> ProbeExecution:
+    execution = ProbeExecution.objects.create(
+        experiment=experiment, attempt=1, probe="prefill-kv", side=side,
+        variant="scenario=prefill_kv", repeat_index=0, exit_code=0, reason="ok",
+        wall_seconds=1.0)
+    source = tmp_path / f"{side}-trace.json"
+    source.write_text(json.dumps({"traceEvents": [
+        {"name": "thread_name", "ph": "M", "pid": 7, "tid": 1, "args": {"name": "main"}},
+        {"name": "thread_name", "ph": "M", "pid": 7, "tid": MOONCAKE,
+         "args": {"name": "mooncake"}}, *events]}))
+    sha, size = blob_put(Path(settings.DATA_DIR) / "blobs", source)
+    Artifact.objects.create(execution=execution, name="trace.json", sha256=sha, size=size)
+    return execution
+
+
+def test_behaviour_findings_read_each_sides_stored_trace(example_target: Target,
+                                                         tmp_path: Path) -> None:
+    experiment = Experiment.objects.create(target=example_target, candidate_commit="c" * 40,
+                                           baseline_commit="b" * 40, probes=["prefill-kv"])
+    base = _execution(experiment, "baseline", GIL_HELD, tmp_path)
+    cand = _execution(experiment, "candidate", GIL_RELEASED, tmp_path)
+    runs = {(e.probe, e.side, e.variant, 0): e for e in (base, cand)}
+    probe = Probe(name="prefill-kv", layer="behaviour", command="true", repeat=1,
+                  variants={"scenario": ("prefill_kv",)})
+    extras: dict[str, Any] = {"spans": {}}
+    found = behaviour_findings(probe, runs, extras)
+
+    never = [f for f in found if f.kind == "no-overlap"]
+    assert [f.title for f in never] == [
+        "prefill-kv [scenario=prefill_kv, baseline] kv_transfer never overlaps combine",
+        "prefill-kv [scenario=prefill_kv, baseline] kv_transfer never overlaps dispatch"]
+    assert never[1].evidence["execution"] == base.pk and never[1].evidence["side"] == "baseline"
+    assert "overlap 0.0% on the baseline, 62% on the candidate" in never[1].detail
+    assert "during 67% of it dispatch ran, 33% combine ran on thread main" in never[1].detail
+    gone = [f for f in found if f.kind == "span-gone"]
+    assert [f.title for f in gone] == ["prefill-kv [scenario=prefill_kv] span gil_wait gone"]
+    assert gone[0].evidence["execution"] == cand.pk
+    assert set(extras["spans"]) == {"prefill-kv [scenario=prefill_kv, candidate]",
+                                    "prefill-kv [scenario=prefill_kv, baseline]"}
+    json.dumps([f.as_dict() for f in found])
+
+
+@pytest.mark.parametrize(("baseline_totals", "candidate_totals", "kept"), [
+    ([100, 100, 100], [300, 310, 290], True),   # grew in every repeat
+    ([100, 100, 100], [300, 100, 100], False),  # one stalled call in the first trace only
+    ([100], [300], True),                       # one trace a side: nothing to confirm with
+])
+def test_a_span_change_must_hold_across_the_repeats(baseline_totals: list[int],
+                                                    candidate_totals: list[int],
+                                                    kept: bool) -> None:
+    from infraops.feedback import Finding
+    from infraops.services.behaviour import _holds_across_repeats
+
+    def traces_of(totals: list[int]) -> list[Any]:
+        return [trace_of(complete("normalize", 0, total)) for total in totals]
+
+    grew = Finding("behaviour", "span-grew", "warn", "t", "d", 30, {"span": "normalize"})
+    repeats = {"baseline": traces_of(baseline_totals),
+               "candidate": traces_of(candidate_totals)}
+    assert _holds_across_repeats(grew, repeats) is kept

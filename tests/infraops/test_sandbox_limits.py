@@ -1,0 +1,587 @@
+"""Per-sandbox limits (infraops.sandbox): one run cannot spend another's processes, memory or
+disk; every limit hit is named in the order it happened; a cut output says where; a failed
+sandbox check is retried. Every containment test starts real bubblewrap sandboxes.
+
+Run without Django: python -m pytest -p no:django -p no:cacheprovider
+tests/infraops/test_sandbox_limits.py
+
+The fork bomb, the memory hog and the disk fill run inside sandboxes with small limits (32
+processes, 256 MB, 64 MB): a CI run of the whole suite may share this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infraops import sandbox
+from infraops.sandbox import (
+    SandboxIdentity,
+    SandboxLimits,
+    SandboxMaxima,
+    SandboxResult,
+    SandboxSpec,
+    probe_limits,
+    sandbox_check,
+    sandbox_identity,
+    sandbox_prepare_dir,
+    sandbox_run,
+)
+
+PYTHON = "/usr/bin/python3"
+IS_ROOT = os.geteuid() == 0
+ROOT = Path(__file__).resolve().parents[2]
+# Generous: a loaded 2-core machine may take seconds to start a sandbox. No test asserts a time.
+DEADLINE = 120.0
+
+
+def _controllers() -> set[str]:
+    if shutil.which("bwrap") is None:
+        return set()
+    groups = sandbox._Cgroups.make(SandboxLimits())
+    try:
+        return groups.controllers
+    finally:
+        groups.remove()
+
+
+CONTROLLERS = _controllers()
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not here")
+needs_pids = pytest.mark.skipif(
+    "pids" not in CONTROLLERS,
+    reason="no usable pids control group (needs root and a writable cgroup pids controller): "
+           "a fork bomb would spend the process limit every sandbox of the uid shares")
+needs_memory = pytest.mark.skipif(
+    "memory" not in CONTROLLERS,
+    reason="no usable memory control group (needs root and a writable cgroup memory controller)")
+
+
+@dataclass
+class Dirs:
+    base: Path
+    work: Path
+    out: Path
+    identity: SandboxIdentity
+
+
+def make_dirs() -> Dirs:
+    # pytest's tmp_path lives under a 0700 folder the sandbox uid could not reach.
+    base = Path(tempfile.mkdtemp(prefix="infraops-limits-test-"))
+    base.chmod(0o755)
+    identity = sandbox_identity() if IS_ROOT else SandboxIdentity(os.getuid(), os.getgid())
+    work, out = base / "work", base / "out"
+    sandbox_prepare_dir(work, identity)
+    sandbox_prepare_dir(out, identity)
+    return Dirs(base, work, out, identity)
+
+
+@pytest.fixture
+def dirs() -> Iterator[Dirs]:
+    made = make_dirs()
+    yield made
+    shutil.rmtree(made.base, ignore_errors=True)
+
+
+def limits(**overrides: float) -> SandboxLimits:
+    values: dict[str, float] = {
+        "wall_seconds": DEADLINE, "cpu_seconds": 60, "address_space_mb": 1024,
+        "file_size_mb": 64, "processes": 64, "output_bytes": 100_000, "memory_mb": 1024,
+        "disk_mb": 1024,
+    }
+    values.update(overrides)
+    return SandboxLimits(**values)  # type: ignore[arg-type]
+
+
+def run(
+    dirs: Dirs, command: str, lim: SandboxLimits | None = None, **kwargs: object,
+) -> SandboxResult:
+    spec = SandboxSpec(command=command, workdir=dirs.work, out_dir=dirs.out, env={},
+                       limits=lim or limits())
+    return sandbox_run(spec, **kwargs)  # type: ignore[arg-type]
+
+
+def my_cgroups() -> list[Path]:
+    """The control groups of runs of this process still there."""
+    places = sandbox._cgroup_places()
+    folders = [*places.v1.values(), *([places.v2] if places.v2 is not None else [])]
+    return [entry for folder in folders
+            for entry in (folder / sandbox.CGROUP_FOLDER).glob(f"r{os.getpid()}-*")]
+
+
+# A fork bomb in a separate process, as another experiment in another pool process: it fills its
+# process limit, prints FULL, keeps forking until the test writes `stop` into its work tree
+# (or its wall-clock limit), then exits 3. Prints the result as JSON on the last line.
+BOMB_SERVICE = """
+import json, sys
+from pathlib import Path
+from typing import Any
+from infraops import sandbox
+work, out, wall = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+result = sandbox.sandbox_run(sandbox.SandboxSpec(
+    command="/usr/bin/python3 bomb.py", workdir=work, out_dir=out, env={},
+    limits=sandbox.SandboxLimits(wall_seconds=wall, processes=32, output_bytes=10000)),
+    on_output=lambda stream, chunk: (sys.stdout.write(chunk.decode()), sys.stdout.flush()))
+print()
+print(json.dumps({"reason": result.reason, "limits_hit": result.limits_hit,
+                  "detail": result.detail}), flush=True)
+"""
+
+BOMB = r"""
+import os, sys, time
+said = False
+while not os.path.exists("stop"):
+    try:
+        if os.fork() == 0:
+            while not os.path.exists("stop"):
+                time.sleep(0.05)
+            os._exit(0)
+    except OSError:
+        if not said:
+            print("FULL", flush=True)
+            said = True
+        time.sleep(0.01)
+sys.exit(3)
+"""
+
+# The victim: 40 processes at once, each must start; exits 0 only if all did.
+VICTIM = r"""
+import os, sys
+children = []
+for _ in range(40):
+    pid = os.fork()
+    if pid == 0:
+        import time; time.sleep(0.5); os._exit(0)
+    children.append(pid)
+print("STARTED", len(children), flush=True)
+sys.exit(sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in children))
+"""
+
+
+@needs_pids
+def test_a_fork_bomb_in_one_run_does_not_fail_a_concurrent_run(dirs: Dirs) -> None:
+    bomb = make_dirs()
+    try:
+        (bomb.work / "bomb.py").write_text(BOMB)
+        (dirs.work / "victim.py").write_text(VICTIM)
+        service = subprocess.Popen(
+            [sys.executable, "-c", BOMB_SERVICE, str(bomb.work), str(bomb.out), str(DEADLINE)],
+            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        assert service.stdout is not None
+        try:
+            # With one shared RLIMIT_NPROC the bomb's 32 processes would leave the victim, whose
+            # limit is 64, too few for its 40: here each sandbox counts its own.
+            assert service.stdout.readline().strip() == "FULL"
+            victim = run(dirs, f"{PYTHON} victim.py", limits(processes=64))
+        finally:
+            (bomb.work / "stop").write_text("")
+            rest, _ = service.communicate(timeout=DEADLINE)
+        assert (victim.reason, victim.exit_code) == ("ok", 0), victim.detail
+        assert victim.stdout.split()[-1] == b"40"
+        assert victim.limits_hit == ()
+        bombed = json.loads(rest.strip().splitlines()[-1])
+        assert bombed["reason"] == "process-limit", bombed
+        assert "32-process limit of this sandbox" in bombed["detail"]
+    finally:
+        shutil.rmtree(bomb.base, ignore_errors=True)
+    assert my_cgroups() == []
+
+
+# The same fork bomb on a host without control groups, where RLIMIT_NPROC (counted per uid) is
+# the only process limit: each side leases its identity from the pool given on the command line
+# (infraops.sandbox.sandbox_identity_lease), as each experiment does.
+POOLED_BOMB_SERVICE = """
+import json, sys
+from pathlib import Path
+from infraops import sandbox
+sandbox._CGROUP_CONTROLLERS = ()  # a host with no usable control group
+work, out, wall, uids = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+first, _, last = uids.partition("-")
+pool = range(int(first), int(last) + 1) if uids != "none" else range(0)
+with sandbox.sandbox_identity_lease(pool) as identity:
+    for folder in (work, out):
+        sandbox.sandbox_prepare_dir(folder, identity)
+    print("UID", identity.uid, flush=True)
+    result = sandbox.sandbox_run(sandbox.SandboxSpec(
+        command="/usr/bin/python3 bomb.py", workdir=work, out_dir=out, env={},
+        limits=sandbox.SandboxLimits(wall_seconds=wall, processes=32, output_bytes=10000)),
+        identity=identity,
+        on_output=lambda stream, chunk: (sys.stdout.write(chunk.decode()), sys.stdout.flush()))
+print()
+print(json.dumps({"reason": result.reason, "detail": result.detail}), flush=True)
+"""
+
+UID_POOL = range(1_900_001_000, 1_900_001_004)  # a range of its own: a CI run may lease too
+
+
+def _uids(pool: range) -> str:
+    return f"{pool.start}-{pool.stop - 1}" if pool else "none"
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="only root can run sandboxes as other uids")
+@needs_bwrap
+@pytest.mark.parametrize("pool", [UID_POOL, range(0)], ids=["uid-pool", "one-uid"])
+def test_without_control_groups_a_fork_bomb_fails_another_run_only_when_they_share_a_uid(
+    pool: range, dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sandbox, "_CGROUP_CONTROLLERS", ())
+    monkeypatch.setattr(sandbox, "_pids_groups_seen", False)
+    bomb = make_dirs()
+    try:
+        (bomb.work / "bomb.py").write_text(BOMB)
+        (dirs.work / "victim.py").write_text(VICTIM)
+        argv = [str(bomb.work), str(bomb.out), str(DEADLINE), _uids(pool)]
+        service = subprocess.Popen([sys.executable, "-c", POOLED_BOMB_SERVICE, *argv],
+                                   cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        assert service.stdout is not None
+        try:
+            bomb_uid = int(service.stdout.readline().split()[1])
+            assert service.stdout.readline().strip() == "FULL"
+            with sandbox.sandbox_identity_lease(pool) as identity:
+                sandbox_prepare_dir(dirs.work, identity)
+                sandbox_prepare_dir(dirs.out, identity)
+                victim = run(dirs, f"{PYTHON} victim.py", limits(processes=64),
+                             identity=identity)
+        finally:
+            (bomb.work / "stop").write_text("")
+            rest, _ = service.communicate(timeout=DEADLINE)
+        # (The bomb itself ends by exiting: without a pids group only its own output could
+        # name the limit, and it prints none.)
+        assert json.loads(rest.strip().splitlines()[-1])["reason"] in {"exit", "process-limit"}
+        if pool:
+            assert identity.uid in pool and bomb_uid in pool and identity.uid != bomb_uid
+            assert (victim.reason, victim.exit_code) == ("ok", 0), victim.detail
+            assert victim.stdout.split()[-1] == b"40"
+        else:  # the control: one uid, one shared limit, the victim pays for the bomb
+            assert identity.uid == bomb_uid == sandbox_identity().uid
+            assert victim.reason == "process-limit", victim.detail
+    finally:
+        shutil.rmtree(bomb.base, ignore_errors=True)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="only root can start processes as other uids")
+def test_a_leased_uid_runs_nothing_left_from_an_earlier_holder_and_a_full_pool_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sandbox, "_CGROUP_CONTROLLERS", ())
+    monkeypatch.setattr(sandbox, "_pids_groups_seen", False)
+    pool = range(UID_POOL.stop, UID_POOL.stop + 1)  # one uid
+    left = subprocess.Popen(["sleep", "600"], user=pool.start, group=pool.start)
+    try:
+        with sandbox.sandbox_identity_lease(pool) as identity:
+            assert identity == SandboxIdentity(pool.start, pool.start)
+            assert left.wait(timeout=DEADLINE) == -9  # killed when the lease began
+            with (pytest.raises(sandbox.SandboxUnavailable, match="Every sandbox uid of the"),
+                  sandbox.sandbox_identity_lease(pool)):
+                pass
+        with sandbox.sandbox_identity_lease(pool) as again:  # released: free again
+            assert again == identity
+    finally:
+        left.kill()
+        left.wait()
+
+
+def test_with_per_sandbox_control_groups_every_experiment_keeps_the_one_sandbox_uid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sandbox, "_pids_groups_seen", True)
+    expected = sandbox_identity() if IS_ROOT else None
+    with sandbox.sandbox_identity_lease(UID_POOL) as identity:
+        if expected is not None:
+            assert identity == expected
+        assert identity.uid not in UID_POOL
+
+
+@needs_pids
+def test_a_run_that_hits_the_process_limit_then_times_out_names_both_in_order(
+    dirs: Dirs,
+) -> None:
+    (dirs.work / "bomb.py").write_text(BOMB)
+    result = run(dirs, f"{PYTHON} bomb.py", limits(processes=16, wall_seconds=8))
+    assert result.limits_hit == ("process-limit", "timeout"), result.detail
+    assert result.reason == "process-limit"
+    assert result.exit_code is None
+    process, timeout = result.detail.split("; then ")
+    assert "16-process limit" in process
+    assert "wall-clock timeout" in timeout
+    assert my_cgroups() == []
+
+
+HOG = (f"for i in 1 2 3 4 5 6 7 8; do {PYTHON} -c 'import time; b = b\"x\" * (64 << 20); "
+       "time.sleep(3)' & done; wait")
+
+
+@needs_memory
+def test_many_processes_together_are_stopped_at_the_sandbox_memory_total(dirs: Dirs) -> None:
+    # Eight processes of 64 MB: each far under the per-process address-space cap (1024 MB),
+    # together twice the sandbox's 256 MB.
+    result = run(dirs, HOG, limits(memory_mb=256))
+    assert result.reason == "memory-limit", result.detail
+    assert "256 MB memory limit of this sandbox" in result.detail
+    assert result.limits_hit[0] == "memory-limit"
+    assert my_cgroups() == []
+
+
+@needs_bwrap
+def test_many_files_each_under_the_file_size_cap_are_stopped_at_the_disk_limit(
+    dirs: Dirs,
+) -> None:
+    fill = "for i in $(seq 1 40); do head -c 8000000 /dev/zero > fill-$i || exit 9; done; sleep 30"
+    result = run(dirs, fill, limits(file_size_mb=16, disk_mb=64))
+    assert result.reason == "disk-limit", result.detail
+    assert "over the 64 MB disk limit" in result.detail
+    assert result.exit_code is None  # stopped: the sleep never ended
+    assert my_cgroups() == []
+
+
+@needs_bwrap
+def test_a_deleted_file_still_held_open_counts_toward_the_disk_limit(dirs: Dirs) -> None:
+    code = ("import os, time\nf = open(\"hidden\", \"wb\")\nos.unlink(\"hidden\")\n"
+            "for _ in range(12):\n    f.write(b\"x\" * (8 << 20)); f.flush()\ntime.sleep(30)\n")
+    (dirs.work / "hide.py").write_text(code)
+    result = run(dirs, f"{PYTHON} hide.py", limits(file_size_mb=128, disk_mb=32))
+    assert result.reason == "disk-limit", result.detail
+    assert not list(dirs.work.glob("hidden*"))
+
+
+@needs_bwrap
+def test_a_run_that_wrote_past_the_disk_limit_before_a_check_still_fails_named(
+    dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sandbox, "_DISK_CHECK_SECONDS", 3600.0)  # only the final check
+    result = run(dirs, "head -c 40000000 /dev/zero > a; head -c 40000000 /dev/zero > b",
+                 limits(file_size_mb=64, disk_mb=32))
+    assert result.reason == "disk-limit", result.detail
+    assert result.detail.startswith("wrote ")
+
+
+@needs_bwrap
+def test_cut_output_says_where_it_was_cut(dirs: Dirs) -> None:
+    result = run(dirs, "head -c 3200000 /dev/zero", limits(output_bytes=1_000_000))
+    assert result.reason == "ok"
+    assert result.output_truncated
+    assert (len(result.stdout), result.stdout_bytes) == (1_000_000, 3_200_000)
+    assert "stdout cut at 1 MB of 3.2 MB" in result.detail
+
+
+@needs_bwrap
+def test_limits_are_cleaned_up_after_every_kind_of_end(dirs: Dirs) -> None:
+    for command, lim in (
+        ("true", limits()),
+        ("exit 4", limits()),
+        (f"sleep 300 & {PYTHON} -c 'import time; time.sleep(300)'", limits(wall_seconds=2)),
+    ):
+        run(dirs, command, lim)
+        assert my_cgroups() == []
+    with pytest.raises(RuntimeError):
+        run(dirs, "echo started; sleep 300", limits(), on_output=_raise_on_output)
+    assert my_cgroups() == []
+
+
+def _raise_on_output(stream: str, chunk: bytes) -> None:
+    raise RuntimeError("the caller gave up")
+
+
+@needs_bwrap
+def test_the_controllers_found_here_are_used(dirs: Dirs) -> None:
+    result = run(dirs, "cat /proc/self/cgroup", limits())
+    assert result.reason == "ok"
+    text = sandbox.sandbox_containment()
+    if "pids" in CONTROLLERS:
+        assert "processes per sandbox" in text
+    else:
+        assert "shared by every sandbox" in text
+
+
+# --------------------------------------------------------------------------- the check
+
+
+def test_a_failed_check_is_retried_before_the_process_gives_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    answers = ["A trivial sandboxed command failed: Resource temporarily unavailable.",
+               "A trivial sandboxed command failed: Resource temporarily unavailable.", None]
+    tries: list[int] = []
+
+    def flaky() -> str | None:
+        tries.append(1)
+        return answers[len(tries) - 1]
+
+    monkeypatch.setattr(sandbox, "BWRAP", "flaky-bwrap")
+    monkeypatch.setattr(sandbox, "_try_trivial_sandbox", flaky)
+    monkeypatch.setattr(sandbox, "_check_cache", {})
+    monkeypatch.setattr(sandbox, "_check_failures", {})
+    monkeypatch.setattr(sandbox, "CHECK_RETRY_DELAYS", (0.0, 0.0, 0.0, 0.0))
+    assert sandbox_check() is None
+    assert len(tries) == 3
+    assert sandbox_check() is None  # a pass is kept
+    assert len(tries) == 3
+
+
+def test_a_check_that_keeps_failing_stands_for_a_while_then_is_tried_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tries: list[int] = []
+
+    def broken() -> str | None:
+        tries.append(1)
+        return "A trivial sandboxed command failed: Resource temporarily unavailable."
+
+    monkeypatch.setattr(sandbox, "BWRAP", "broken-bwrap")
+    monkeypatch.setattr(sandbox, "_try_trivial_sandbox", broken)
+    monkeypatch.setattr(sandbox, "_check_cache", {})
+    monkeypatch.setattr(sandbox, "_check_failures", {})
+    monkeypatch.setattr(sandbox, "CHECK_RETRY_DELAYS", (0.0, 0.0))
+    assert "temporarily unavailable" in (sandbox_check() or "")
+    assert len(tries) == 3
+    assert sandbox_check() is not None
+    assert len(tries) == 3  # stands: no new tries
+    monkeypatch.setattr(sandbox, "CHECK_FAILURE_SECONDS", 0.0)
+    assert sandbox_check() is not None
+    assert len(tries) == 6  # tried again, with its retries
+
+
+def test_a_missing_bwrap_is_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/bwrap-for-limits-test")
+    monkeypatch.setattr(sandbox, "_check_cache", {})
+    monkeypatch.setattr(sandbox, "_check_failures", {})
+    slept: list[float] = []
+    monkeypatch.setattr(sandbox.time, "sleep", slept.append)
+    assert "not installed" in (sandbox_check() or "")
+    assert slept == []
+
+
+# --------------------------------------------------------------------------- per-probe limits
+
+
+def test_a_probe_asks_for_limits_within_the_operators_maxima() -> None:
+    maxima = SandboxMaxima(processes=100, memory_mb=2048, disk_mb=512)
+    chosen = probe_limits(wall_seconds=30, maxima=maxima, processes=50, memory_mb=None,
+                          disk_mb=512)
+    assert (chosen.wall_seconds, chosen.processes, chosen.memory_mb, chosen.disk_mb) == (
+        30, 50, 2048, 512)  # memory: the default 4096 lowered to the maximum
+    with pytest.raises(ValueError, match="memory_mb = 4096 is over this host's maximum of 2048"):
+        probe_limits(wall_seconds=30, maxima=maxima, memory_mb=4096)
+    with pytest.raises(ValueError, match="processes = 0 must be a positive whole number"):
+        probe_limits(wall_seconds=30, maxima=maxima, processes=0)
+
+
+def test_limits_of_concurrent_runs_in_threads_are_separate(dirs: Dirs) -> None:
+    # Two runs of one process at once each get (and remove) their own groups.
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not here")
+    results: list[SandboxResult] = []
+    other = make_dirs()
+    try:
+        thread = threading.Thread(target=lambda: results.append(
+            run(other, "cat /proc/self/cgroup", limits())))
+        thread.start()
+        results.append(run(dirs, "cat /proc/self/cgroup", limits()))
+        thread.join(DEADLINE)
+    finally:
+        shutil.rmtree(other.base, ignore_errors=True)
+    assert [r.reason for r in results] == ["ok", "ok"]
+    if CONTROLLERS & {"pids", "memory"}:
+        assert my_cgroups() == []
+
+
+def test_a_probes_sandbox_limits_come_from_its_manifest_keys_within_the_maxima(
+        settings: Any) -> None:
+    from infraops.errors import DomainError
+    from infraops.manifest import parse_manifest
+    from infraops.services.experiments import probe_sandbox_limits
+
+    manifest = parse_manifest('[[probe]]\nname = "p"\nlayer = "correctness"\n'
+                              'command = "true"\nprocesses = 32\nmemory_mb = 512\n'
+                              'disk_mb = 64\n')
+    [probe] = manifest.probes
+    limits = probe_sandbox_limits(probe)
+    assert (limits.processes, limits.memory_mb, limits.disk_mb) == (32, 512, 64)
+
+    settings.SANDBOX_MAX_MEMORY_MB = 256
+    with pytest.raises(DomainError, match="memory_mb = 512 is over this host's maximum of 256"):
+        probe_sandbox_limits(probe)
+
+
+@pytest.mark.parametrize("line", ["processes = 0", "memory_mb = -1", "disk_mb = true",
+                                  'disk_mb = "10"'])
+def test_a_bad_sandbox_limit_in_the_manifest_is_a_named_error(line: str) -> None:
+    from infraops.manifest import ManifestError, parse_manifest
+
+    with pytest.raises(ManifestError, match=line.split(" ")[0]):
+        parse_manifest(f'[[probe]]\nname = "p"\nlayer = "correctness"\ncommand = "true"\n{line}\n')
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="control groups are only made as root")
+def test_on_cgroup_v2_a_run_gets_one_group_with_its_process_and_memory_limits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The v2 path on a fake cgroup2 mount (this machine class mounts v1): what is written
+    where, and what is read back. The kernel's side (enforcement) is not simulated."""
+    proc, mount = tmp_path / "proc", tmp_path / "cgroup2"
+    own = mount / "system.slice" / "worker.service"
+    proc.mkdir()
+    own.mkdir(parents=True)
+    (proc / "cgroup").write_text("0::/system.slice/worker.service\n")
+    (proc / "mountinfo").write_text(
+        f"30 25 0:26 / {mount} rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw\n")
+    (own / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (own / "cgroup.subtree_control").write_text("")
+    monkeypatch.setattr(sandbox, "_CGROUP_ROOT", proc)
+
+    groups = sandbox._Cgroups.make(limits(processes=40, memory_mb=300))
+
+    assert groups.v1 == {}
+    assert groups.v2 is not None and groups.v2.parent == own / sandbox.CGROUP_FOLDER
+    assert groups.controllers == {"pids", "memory", "cpuacct"}
+    assert groups.notes == []
+    for folder in (own, own / sandbox.CGROUP_FOLDER):  # handed down to the run's group
+        assert (folder / "cgroup.subtree_control").read_text() == "+memory +pids"
+    assert (groups.v2 / "pids.max").read_text() == str(40 + sandbox._OVERHEAD_PROCESSES)
+    assert (groups.v2 / "memory.max").read_text() == str(300 << 20)
+    assert (groups.v2 / "memory.swap.max").read_text() == "0"
+    assert groups.join_files() == [str(groups.v2 / "cgroup.procs")]
+    (groups.v2 / "pids.events").write_text("max 7\n")
+    (groups.v2 / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n")
+    (groups.v2 / "memory.peak").write_text(str(280 << 20))
+    (groups.v2 / "cpu.stat").write_text("usage_usec 1500000\nuser_usec 1000000\n")
+    assert groups.processes_refused() == 7
+    assert groups.oom_kills() == 2
+    assert groups.memory_peak_mb() == 280
+    assert groups.cpu_seconds() == 1.5
+    for entry in groups.v2.iterdir():  # a real rmdir drops the interface files itself
+        entry.unlink()
+    run_folder = groups.v2
+    groups.remove()
+    assert not run_folder.exists()
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="control groups are only made as root")
+def test_on_cgroup_v2_without_delegation_the_run_goes_on_without_groups_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    proc, mount = tmp_path / "proc", tmp_path / "cgroup2"
+    own = mount / "worker"
+    proc.mkdir()
+    own.mkdir(parents=True)
+    (proc / "cgroup").write_text("0::/worker\n")
+    (proc / "mountinfo").write_text(f"30 25 0:26 / {mount} rw - cgroup2 cgroup2 rw\n")
+    (own / "cgroup.controllers").write_text("memory pids\n")
+    (own / "cgroup.subtree_control").mkdir()  # writing it fails, as EBUSY would
+    monkeypatch.setattr(sandbox, "_CGROUP_ROOT", proc)
+
+    groups = sandbox._Cgroups.make(limits())
+
+    assert groups.v2 is None and groups.controllers == set()
+    assert any(note.startswith(f"cgroup v2 at {own}:") for note in groups.notes), groups.notes
+    assert "no usable memory or pids control group here" in groups.notes
