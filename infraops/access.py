@@ -19,7 +19,7 @@ from django.http import Http404, HttpRequest
 from django_htmx.middleware import HtmxDetails
 
 from infraops.models import Target, TargetMembership
-from infraops.roles import ENGINEER, REVIEWER, user_roles
+from infraops.roles import ENGINEER, REVIEWER, roles_of, user_roles
 
 M = TypeVar("M", bound=Model)
 Q = TypeVar("Q", bound=QuerySet[Any])
@@ -92,15 +92,21 @@ def has_any_access(user: User | AnonymousUser) -> bool:
 
 
 _ROLES_OF_REQUEST = "_infraops_roles"
+# The user's group names, as the authentication backend (reviews.backends) reads them with
+# the request's user, in the same query.
+GROUP_NAMES_ATTRIBUTE = "infraops_group_names"
 
 
 def request_roles(request: HttpRequest) -> set[str]:
     """The signed-in user's roles, read once per request: the view's access check and the
-    page's navigation and controls (infraops.context_processors) share one query. Per request,
-    not per user instance: a websocket's user lives for hours, and its roles must be re-read."""
+    page's navigation and controls (infraops.context_processors) share one query, or none
+    where the backend read the group names with the user. Per request, not per user instance:
+    a websocket's user lives for hours, and its roles must be re-read."""
     roles: set[str] | None = getattr(request, _ROLES_OF_REQUEST, None)
     if roles is None:
-        roles = user_roles(request.user)
+        user = request.user
+        names = getattr(user, GROUP_NAMES_ATTRIBUTE, None) if user.is_authenticated else None
+        roles = user_roles(user) if names is None else roles_of(names, user)
         setattr(request, _ROLES_OF_REQUEST, roles)
     return roles
 

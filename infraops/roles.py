@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TypeGuard
 
 from django.contrib.auth.models import AnonymousUser, User
@@ -45,7 +46,12 @@ def ensure_roles(**kwargs: object) -> None:
 def user_roles(user: User | AnonymousUser) -> set[str]:
     if not user.is_authenticated:
         return set()
-    names = set(user.groups.values_list("name", flat=True))
+    return roles_of(user.groups.values_list("name", flat=True), user)
+
+
+def roles_of(group_names: Iterable[str], user: User | AnonymousUser) -> set[str]:
+    """The roles that these group names of the user give (a superuser holds them all)."""
+    names = set(group_names)
     if getattr(user, "is_superuser", False):
         names |= {ENGINEER, REVIEWER}
     return names & set(ROLES)

@@ -315,6 +315,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# ModelBackend, with each request's user read in one query with its role groups and reviewer
+# profile (reviews/backends.py). Sessions made under another backend sign in again.
+AUTHENTICATION_BACKENDS = ["reviews.backends.OneQueryUserBackend"]
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "agents:dashboard"
 LOGOUT_REDIRECT_URL = "login"

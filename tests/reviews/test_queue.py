@@ -384,12 +384,11 @@ def test_the_rows_cost_one_query_however_many(
     client.force_login(classed_reviewer)
     get(client)  # the session's first request updates nothing afterwards, but warms caches
 
-    # session, user, roles (the access check), reviewer profile, rows
-    with django_assert_num_queries(5):
+    # session, the user with their roles and reviewer profile (reviews.backends), rows
+    with django_assert_num_queries(3):
         get(client, "?class=numerics", HX_Request="true", HX_Target="queue-table")
-    # ... and for the page: the target and goal choices and the nav count (the roles are the
-    # access check's, read once per request)
-    with django_assert_num_queries(8):
+    # ... and for the page: the target and goal choices and the nav count
+    with django_assert_num_queries(6):
         page = get(client, "?class=numerics")
     assert len(titles(page)) == queue_view.PAGE_SIZE
 
