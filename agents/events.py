@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -19,36 +20,39 @@ def run_group(run_id: int) -> str:
 def run_event(*, run_id: int, kind: str, message: str, data: dict[str, Any] | None = None
               ) -> RunEvent:
     """Append one event with the run's next sequence number, then tell the run's group."""
-    return run_events_append(run_id=run_id, entries=[(kind, message, data)])[0]
+    [(pk, seq, created)] = _append(run_id, [(kind, message, data)])
+    return RunEvent(pk=pk, run_id=run_id, seq=seq, kind=kind, message=message, data=data or {},
+                    created_at=created)
 
 
 def run_events_append(*, run_id: int,
-                      entries: Sequence[tuple[str, str, dict[str, Any] | None]]
-                      ) -> list[RunEvent]:
+                      entries: Sequence[tuple[str, str, dict[str, Any] | None]]) -> int:
     """Append (kind, message, data) events with the run's next sequence numbers in one
     transaction and one notification: how a burst of lines reaches the log at thousands a
-    second (bench/live_log.py).
+    second (bench/live_log.py). The last sequence number (0 for no entries)."""
+    made = _append(run_id, entries)
+    return max((seq for _, seq, _ in made), default=0)
 
-    One statement: the run's counter moves by the batch's size (the update holds the run's
-    row lock until commit, so numbers never collide) and the rows go in numbered from it,
-    built by the database from three arrays instead of one model instance each."""
+
+def _append(run_id: int, entries: Sequence[tuple[str, str, dict[str, Any] | None]]
+            ) -> list[tuple[int, int, datetime]]:
+    """(pk, seq, created_at) of the appended rows. One statement: the run's counter moves by
+    the batch's size (the update holds the run's row lock until commit, so numbers never
+    collide) and the rows go in numbered from it, built by the database from three arrays
+    instead of one model instance each."""
     if not entries:
         return []
-    kinds = [kind for kind, _, _ in entries]
-    messages = [message for _, message, _ in entries]
-    datas = [json.dumps(data or {}) for _, _, data in entries]
+    params: dict[str, Any] = {
+        "run": run_id, "n": len(entries), "kinds": [kind for kind, _, _ in entries],
+        "messages": [message for _, message, _ in entries],
+        "datas": [json.dumps(data or {}) for _, _, data in entries]}
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(_APPEND, {"run": run_id, "n": len(entries), "kinds": kinds,
-                                 "messages": messages, "datas": datas})
-        made = sorted(cursor.fetchall(), key=lambda row: row[1])
+        cursor.execute(_APPEND, params)
+        made: list[tuple[int, int, datetime]] = cursor.fetchall()
         if not made:
             raise AgentRun.DoesNotExist(f"run {run_id} does not exist")
-        first = made[0][1]
-        notify(run_group(run_id), {"type": "run.events", "upto": made[-1][1]})
-    return [RunEvent(pk=pk, run_id=run_id, seq=seq, kind=kinds[seq - first],
-                     message=messages[seq - first], data=entries[seq - first][2] or {},
-                     created_at=created)
-            for pk, seq, created in made]
+        notify(run_group(run_id), {"type": "run.events", "upto": max(seq for _, seq, _ in made)})
+    return made
 
 
 _APPEND = f"""

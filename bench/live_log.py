@@ -58,7 +58,7 @@ from infraops.models import Goal, GoalVersion, Target  # noqa: E402
 from infraops.services.goals import goal_snapshot  # noqa: E402
 from infraops.services.targets import target_register  # noqa: E402
 from tests.agents.live_stream import append_lines, database_transcript, frame_rows  # noqa: E402
-from tests.conftest import UserFactory, make_origin  # noqa: E402
+from tests.conftest import UserFactory, make_origin, members_of_new_target  # noqa: E402
 from tests.e2e.conftest import _wait_for, free_port, stop_processes  # noqa: E402
 
 FLOOD_RATE = int(os.environ.get("BENCH_FLOOD_RATE", "10000"))
@@ -77,8 +77,10 @@ def figure(name: str, value: float, unit: str) -> None:
 def make_run(work: Path) -> tuple[AgentRun, User]:
     suffix = os.urandom(4).hex()
     engineer = UserFactory.create(username=f"bench-live-{suffix}", roles=["engineer"])
-    target = target_register(name=f"bench-live-{suffix}", repo_url=str(make_origin(work)),
-                             base_branch="main", push_on_merge=False)
+    # The engineer joins the target (as load_example makes its users): sockets are per target.
+    target = members_of_new_target(target_register(
+        name=f"bench-live-{suffix}", repo_url=str(make_origin(work)), base_branch="main",
+        push_on_merge=False))
     goal = Goal.objects.create(target=target, name="latency", probe="latency-bench",
                                metric="latency_ms", direction="minimize", relative_target=0.1,
                                owner=engineer)
