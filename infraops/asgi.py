@@ -2,43 +2,120 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 import os
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import django
-from asgiref.sync import sync_to_async
-from django.core.handlers.asgi import ASGIHandler
-from django.http import HttpRequest, HttpResponseBase
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.http import FileResponse, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.urls import set_script_prefix
 
 
-class SyncChainASGIHandler(ASGIHandler):
-    """Django's ASGI handler, with the middleware chain and the view run as one sync call.
+class PooledASGIHandler(ASGIHandler):
+    """Django's ASGI handler for HTTP, each request served whole by one thread of a fixed pool.
 
-    Every middleware and view of ours is sync. Django's own handler builds an async chain, so
-    under it the sync middleware ran in the request's thread, went back to the event loop
-    (async_to_sync) for Django's view machinery, and that went into the thread again for the
-    view: four switches between the loop and the thread a request instead of one, each a
-    wake-up of a thread waiting on a condition, which on this 2-core machine under load cost
-    more than the dashboard's queries. Here the whole chain runs in the request's own thread
-    (thread-sensitive: the request's database connection opens and closes there, as before),
-    entered once. An async view would still work (Django adapts it), only slower; there is
-    none."""
+    Every middleware and view of ours is sync. Django's own handler enters a new thread-
+    sensitive context per request, which starts a new thread for it, and then hops between
+    the event loop and that thread for each stage (the request_started receivers, the
+    middleware chain and view, the response's close); under load on this 2-core machine that
+    machinery took more of the interpreter than the pages (py-spy: 57% of the samples holding
+    the GIL were the event loop's, 40% the views'). Here the event loop reads the body, then
+    one call in a pool thread does the rest as Django's WSGI handler would: request_started,
+    the request, the middleware chain and view, the rendered content, the response's close
+    (request_finished: the thread's database connection goes back to the pool in the thread
+    that took it). The loop sends what the thread returns. A streaming response (a static
+    file) is iterated in the same thread, each part handed to the loop to send.
+
+    The pool's size is INFRAOPS_WEB_THREADS (settings.WEB_THREADS): enough threads to overlap
+    database round trips, few enough that each holds one of the pool's connections. Each
+    request runs in a fresh context, so no context variable leaks from one request to the
+    next. What is left out of Django's handler: a view is not cancelled when its client
+    disconnects (it finishes, and its answer is dropped)."""
+
+    def __init__(self, threads: int) -> None:
+        super().__init__()
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="http")
 
     def load_middleware(self, is_async: bool = False) -> None:
-        super().load_middleware(is_async=False)
+        super().load_middleware(is_async=False)  # the chain runs in a pool thread
 
-    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
-        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        loop = asyncio.get_running_loop()
+        respond = functools.partial(self._respond, scope, body_file, send, loop)
+        start, body = await loop.run_in_executor(
+            self._pool, contextvars.Context().run, respond)
+        if start is not None:
+            await send(start)
+            await send({"type": "http.response.body", "body": body})
+
+    def _respond(self, scope: dict[str, Any], body_file: Any, send: Any,
+                 loop: asyncio.AbstractEventLoop) -> tuple[dict[str, Any] | None, bytes]:
+        """In a pool thread: the response's start message and body, or (None, b"") when a
+        streaming response was sent from here already."""
+        response: HttpResponseBase | None = None
+        try:
+            set_script_prefix(get_script_prefix(scope))
+            signals.request_started.send(sender=self.__class__, scope=scope)
+            request, error_response = self.create_request(scope, body_file)
+            answer = (self.get_response(request) if request is not None
+                      else cast(HttpResponseBase, error_response))
+            response = answer
+            answer._handler_class = self.__class__  # type: ignore[attr-defined]
+            start = {"type": "http.response.start", "status": answer.status_code,
+                     "headers": _headers(answer)}
+            if not answer.streaming:
+                return start, cast(HttpResponse, answer).content
+            if isinstance(answer, FileResponse):
+                answer.block_size = self.chunk_size
+
+            def sent(message: dict[str, Any]) -> None:
+                asyncio.run_coroutine_threadsafe(send(message), loop).result()
+
+            sent(start)
+            for part in cast(StreamingHttpResponse, answer):
+                if part:
+                    sent({"type": "http.response.body", "body": bytes(part), "more_body": True})
+            sent({"type": "http.response.body"})
+            return None, b""
+        finally:
+            if response is not None:
+                response.close()  # request_finished, in the thread that used the connection
+            else:
+                signals.request_finished.send(sender=self.__class__)
+            body_file.close()
+
+
+def _headers(response: HttpResponseBase) -> list[tuple[bytes, bytes]]:
+    """The response's headers and cookies as ASGI wants them (as Django's send_response)."""
+    headers = [(name.encode("ascii") if isinstance(name, str) else bytes(name),
+                value.encode("latin1") if isinstance(value, str) else bytes(value))
+               for name, value in response.items()]
+    headers += [(b"Set-Cookie", cookie.output(header="").encode("ascii").strip())
+                for cookie in response.cookies.values()]
+    return headers
 
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.settings")
 django.setup(set_prefix=False)
-django_asgi_app = SyncChainASGIHandler()
+from django.conf import settings  # noqa: E402 (needs Django set up first)
+
+django_asgi_app = PooledASGIHandler(settings.WEB_THREADS)
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402 (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from django.conf import settings  # noqa: E402
 from django.http.request import split_domain_port, validate_host  # noqa: E402
 
 from agents.routing import websocket_urlpatterns as agent_sockets  # noqa: E402

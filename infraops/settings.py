@@ -128,6 +128,7 @@ def _connections(config: dict[str, Any], kind: str, pool_size: int) -> None:
 # seconds a request waits for a free one (or for the database to answer) before its 503.
 POOL_MIN_SIZE = 2
 DEFAULT_POOL_SIZE = 10
+DEFAULT_WEB_THREADS = 8
 POOL_TIMEOUT = 5.0
 
 
@@ -216,6 +217,13 @@ try:
         raise _ConfigError(f"INFRAOPS_DB_POOL_SIZE={DB_POOL_SIZE} must be from 0 (no pool: a "
                            "connection per request) to 90.")
     _connections(DATABASES["default"], PROCESS_KIND, DB_POOL_SIZE)
+    # Threads that serve the web process's HTTP requests (infraops/asgi.py): each holds at most
+    # one of the pool's connections, and the websockets' database calls need one too.
+    WEB_THREADS = _read("INFRAOPS_WEB_THREADS", "int",
+                        max(min(DEFAULT_WEB_THREADS, DB_POOL_SIZE - 2), 1) if DB_POOL_SIZE
+                        else DEFAULT_WEB_THREADS)
+    if not 1 <= WEB_THREADS <= 64:
+        raise _ConfigError(f"INFRAOPS_WEB_THREADS={WEB_THREADS} must be from 1 to 64.")
     REDIS_URL = _redis(_read("REDIS_URL", "str", ""), DATA_DIR)
     OPENAI_BASE_URL = _read("OPENAI_BASE_URL", "str", "")
     OPENAI_API_KEY = _read("OPENAI_API_KEY", "str", "")
