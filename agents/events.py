@@ -55,15 +55,17 @@ def _append(run_id: int, entries: Sequence[tuple[str, str, dict[str, Any] | None
     return made
 
 
-_APPEND = f"""
+# The models' tables by name (agents_agentrun, agents_runevent): every event goes through
+# here, so a renamed table fails every test at once.
+_APPEND = """
 WITH bumped AS (
-    UPDATE {AgentRun._meta.db_table} SET event_seq = event_seq + %(n)s
+    UPDATE agents_agentrun SET event_seq = event_seq + %(n)s
     WHERE id = %(run)s RETURNING event_seq
 )
-INSERT INTO {RunEvent._meta.db_table} (run_id, seq, kind, message, data, created_at)
+INSERT INTO agents_runevent (run_id, seq, kind, message, data, created_at)
 SELECT %(run)s, bumped.event_seq - %(n)s + rows.ord, rows.kind, rows.message,
        rows.data::jsonb, statement_timestamp()
 FROM bumped, unnest(%(kinds)s::text[], %(messages)s::text[], %(datas)s::text[])
      WITH ORDINALITY AS rows(kind, message, data, ord)
 RETURNING id, seq, created_at
-"""  # noqa: S608  (table names from the models; every value is a parameter)
+"""
