@@ -16,7 +16,13 @@ thread, fewer queries and log and step rows rendered once, 0.41-0.58 s at 79-104
 about 10 ms of web CPU a request (load average 3-10). With access per target (the engineer a
 member of the example target, as load_example makes it): 0.62-0.66 s at 58-66 requests/s and
 13.5-15.5 ms of web CPU a request (load average 1.3-2.5), with as many queries a page as
-before (dashboard 7, run page 11): the access checks are the first place to profile.
+before (dashboard 7, run page 11). On 2026-12-02's machine the same code measured slower:
+p95 0.82-1.36 s, 20-24 ms of web CPU a request, 35-45 requests/s. Then each request's user
+in one query with its roles and profile (dashboard 5 queries, run page 8) and every HTTP
+request served whole by one thread of a fixed pool (infraops/asgi.py; py-spy had the event
+loop holding the interpreter for 57% of the GIL samples, the views 40%): p95 0.71-0.77 s,
+17.2-18.0 ms a request, ~50 requests/s. What is left is Django's own work, about a third
+each: building the queries, rendering the templates, the rest of the request.
 
 Figures: http_p95_ms_30_clients (target <= 300) and http_error_rate_30_clients (target 0: any
 status but 200, or no answer); to tell where time goes: http_median_ms_30_clients,
