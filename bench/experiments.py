@@ -70,6 +70,8 @@ def setup() -> Path:
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/10")
     os.environ["INFRAOPS_DATA"] = str(data)
     os.environ["DJANGO_SETTINGS_MODULE"] = "infraops.settings"
+    # Outside DEBUG the settings refuse to start without a key; the bench signs nothing.
+    os.environ.setdefault("SECRET_KEY", "bench-" + os.urandom(16).hex())
     import django
 
     django.setup()

@@ -250,6 +250,8 @@ def setup_django() -> Path:
     data.chmod(0o755)  # the sandbox user reaches the checkouts under it
     os.environ["INFRAOPS_DATA"] = str(data)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.settings")
+    # Outside DEBUG the settings refuse to start without a key; the bench signs nothing.
+    os.environ.setdefault("SECRET_KEY", "bench-feedback-stats-" + os.urandom(16).hex())
     import django
 
     django.setup()
