@@ -89,6 +89,7 @@ setattr(kombu_redis.Channel, "_connparams", _connparams_of_open_channel)  # noqa
 # answers at once that the queue is down (agents.services.run_start).
 WORKER_PUBLISH_RETRY_POLICY = {"max_retries": 60, "interval_start": 0.5, "interval_step": 0.5,
                                "interval_max": 3.0}
+WORKER_PUBLISH_WAIT_SECONDS = 170  # about what the 60 tries of the policy add up to
 
 # --- which worker process runs a step ------------------------------------------------------
 #
@@ -153,6 +154,18 @@ def _recycle_database_connections(**kwargs: Any) -> None:
 @worker_process_init.connect
 def _wait_for_the_broker_when_queueing(**kwargs: Any) -> None:
     app.conf.task_publish_retry_policy = WORKER_PUBLISH_RETRY_POLICY
+    # The retry policy covers a publish on a channel that broke. A pool process that has not
+    # published yet first opens its connection, and kombu gives that up after the connect
+    # timeout (4 s): a step that ended during an outage failed its run (seen 1 run in 4 of
+    # tests/e2e/test_faults.py, whenever the step fell to a fresh pool process). Opening the
+    # connection waits as long as the policy. Pool processes publish and never consume.
+    policy = WORKER_PUBLISH_RETRY_POLICY
+    app.conf.broker_transport_options = {
+        **(app.conf.broker_transport_options or {}),
+        "max_retries": policy["max_retries"], "interval_start": policy["interval_start"],
+        "interval_step": policy["interval_step"], "interval_max": policy["interval_max"],
+        "connect_retries_timeout": WORKER_PUBLISH_WAIT_SECONDS,
+    }
     app.amqp.__dict__.pop("send_task_message", None)  # built from the policy once, lazily
 
 
