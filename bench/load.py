@@ -8,25 +8,23 @@ DATABASE_URL's server, with the
 example target, a signed-in engineer and a run with steps and events; starts one uvicorn (as
 `manage.py standalone` does) on it; and sends --requests requests from --clients concurrent
 clients (each its own keep-alive connection, one shared session), alternating the dashboard and
-the run page. Before, 30 clients on one web process gave a p95 of 1.5 s and 29% 500s ('too many
-clients': every request thread kept its own connection); then 0.77-0.95 s at 45-58 requests/s
-and 16-17 ms of web CPU a request, with a new database connection per request, Django's async
-middleware chain and the log rendered anew each time; with the pool, one hop into the request's
-thread, fewer queries and log and step rows rendered once, 0.41-0.58 s at 79-104 requests/s and
-about 10 ms of web CPU a request (load average 3-10). With access per target (the engineer a
-member of the example target, as load_example makes it): 0.62-0.66 s at 58-66 requests/s and
-13.5-15.5 ms of web CPU a request (load average 1.3-2.5), with as many queries a page as
-before (dashboard 7, run page 11). On 2026-12-02's machine the same code measured slower:
-p95 0.82-1.36 s, 20-24 ms of web CPU a request, 35-45 requests/s. Then each request's user
-in one query with its roles and profile (dashboard 5 queries, run page 8) and every HTTP
-request served whole by one thread of a fixed pool (infraops/asgi.py; py-spy had the event
-loop holding the interpreter for 57% of the GIL samples, the views 40%): p95 0.71-0.77 s,
-17.2-18.0 ms a request, ~50 requests/s. What is left is Django's own work, about a third
-each: building the queries, rendering the templates, the rest of the request.
+the run page.
+
+History on this machine class (2 cores): 30 clients on one web process gave a p95 of 1.5 s and
+29% 500s ('too many clients': every request thread kept its own connection); a connection
+pool, one thread per request and fewer queries brought it to 0.41-0.58 s; access per target
+to 0.62-0.66 s (13.5-15.5 ms of web CPU a request). On 2026-12-02's machine: 0.82-1.36 s,
+20-24 ms a request; each request's user in one query and every HTTP request served whole by
+one thread of a fixed pool (infraops/asgi.py): 0.71-0.77 s, 17-18 ms. Then the reads every
+page makes as statements built once per process (session, user, roles, the review count, the
+page's main object with its relations: infraops/reads.py) and server-side prepared statements
+(PostgreSQL's planning of the joined reads had competed for the second core): 0.24-0.26 s at
+150-180 requests/s, 5.3-5.9 ms of web CPU a request.
 
 Figures: http_p95_ms_30_clients (target <= 300) and http_error_rate_30_clients (target 0: any
 status but 200, or no answer); to tell where time goes: http_median_ms_30_clients,
-http_throughput_rps, web_cpu_ms_per_request (the web process's CPU time over the load, per
+http_p95_ms_dashboard and http_p95_ms_run_page (each page's own), http_throughput_rps,
+web_cpu_ms_per_request (the web process's CPU time over the load, per
 request: what the pages cost it, whatever else the machine runs), db_connections_peak (the web
 process's connections, sampled every 50 ms),
 db_connections_after (2 s after the load), and the load average around the run (the machine
@@ -192,9 +190,10 @@ def sign_in(port: int) -> str:
 
 
 def load(port: int, cookie: str, paths: list[str], requests: int, clients: int,
-         ) -> tuple[list[float], int, float]:
-    """Latencies (s) of `requests` requests from `clients` threads, the errors, wall time."""
-    latencies: list[float] = []
+         ) -> tuple[dict[str, list[float]], int, float]:
+    """Latencies (s) of `requests` requests from `clients` threads by path, the errors, the
+    wall time."""
+    latencies: dict[str, list[float]] = {path: [] for path in paths}
     errors = 0
     counter = iter(range(requests))
     lock = threading.Lock()
@@ -209,8 +208,8 @@ def load(port: int, cookie: str, paths: list[str], requests: int, clients: int,
                 break
             start = time.perf_counter()
             try:
-                status, _, _ = request(port, "GET", paths[n % len(paths)], cookie=cookie,
-                                       conn=conn)
+                path = paths[n % len(paths)]
+                status, _, _ = request(port, "GET", path, cookie=cookie, conn=conn)
                 ok = status == 200
             except (OSError, http.client.HTTPException):
                 ok = False
@@ -218,7 +217,7 @@ def load(port: int, cookie: str, paths: list[str], requests: int, clients: int,
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
             elapsed = time.perf_counter() - start
             with lock:
-                latencies.append(elapsed)
+                latencies[path].append(elapsed)
                 errors += 0 if ok else 1
         conn.close()
 
@@ -229,6 +228,10 @@ def load(port: int, cookie: str, paths: list[str], requests: int, clients: int,
     for thread in threads:
         thread.join()
     return latencies, errors, time.perf_counter() - started
+
+
+def p95(ordered: list[float]) -> float:
+    return ordered[max(0, round(0.95 * len(ordered)) - 1)]
 
 
 def main() -> None:
@@ -270,7 +273,7 @@ def main() -> None:
         web_cpu = psutil.Process(web.pid)
         cpu_before = sum(web_cpu.cpu_times()[:2])
         sampler.start()
-        latencies, errors, wall = load(port, cookie, paths, args.requests, args.clients)
+        by_path, errors, wall = load(port, cookie, paths, args.requests, args.clients)
         cpu_spent = sum(web_cpu.cpu_times()[:2]) - cpu_before
         stop.set()
         sampler.join()
@@ -278,12 +281,13 @@ def main() -> None:
         time.sleep(2)
         after = connections_of(args.database)
 
-        latencies.sort()
-        p95 = latencies[max(0, round(0.95 * len(latencies)) - 1)]
+        latencies = sorted(value for values in by_path.values() for value in values)
         suffix = f"{args.clients}_clients"
-        figure(f"http_p95_ms_{suffix}", p95 * 1000, "ms")
+        figure(f"http_p95_ms_{suffix}", p95(latencies) * 1000, "ms")
         figure(f"http_error_rate_{suffix}", errors / len(latencies), "ratio")
         figure(f"http_median_ms_{suffix}", statistics.median(latencies) * 1000, "ms")
+        for name, path in zip(("dashboard", "run_page"), paths, strict=True):
+            figure(f"http_p95_ms_{name}", p95(sorted(by_path[path])) * 1000, "ms")
         figure("http_throughput_rps", len(latencies) / wall, "requests/s")
         figure("web_cpu_ms_per_request", cpu_spent / len(latencies) * 1000, "ms")
         figure("db_connections_peak", peak, "connections")

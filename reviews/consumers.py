@@ -14,9 +14,8 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from django.template.loader import render_to_string
 
-from infraops.access import scoped
 from infraops.consumers import GuardedConsumer
-from reviews.live import REVIEWS_GROUP, assigned_classes, awaiting_for_classes
+from reviews.live import REVIEWS_GROUP, assigned_classes, count_awaiting
 
 
 class ReviewsConsumer(GuardedConsumer):
@@ -49,7 +48,7 @@ class ReviewsConsumer(GuardedConsumer):
         user = self._session_user()
         if user is None:
             return ""  # signed out meanwhile: the re-check closes the socket
-        count = scoped(awaiting_for_classes(assigned_classes(user.pk)), user).count()
+        count = count_awaiting(user, assigned_classes(user.pk))
         html = render_to_string("base.html#nav-queue-count", {"review_queue_count": count})
         if stale:
             html += render_to_string("reviews/queue.html#queue-stale", {"stale": True})
