@@ -108,6 +108,16 @@ def viewer(db: None) -> User:
     return UserFactory.create(username="vic", roles=["viewer"])
 
 
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A folder outside the repository (or worktree) under test, with a secret in it: the
+    canary that a read or write through `..`, a symlink or an absolute path must not reach."""
+    folder = tmp_path / "outside"
+    folder.mkdir()
+    (folder / "secret.txt").write_text("API_KEY=sk-outside\n")
+    return folder
+
+
 def make_origin(tmp_path: Path, source: Path = EXAMPLE, name: str = "origin.git") -> Path:
     """A bare repository seeded from a folder, like load_example makes."""
     origin = tmp_path / name

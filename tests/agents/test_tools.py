@@ -66,15 +66,6 @@ def replace_tool(monkeypatch: pytest.MonkeyPatch, name: str, function: Any) -> N
 
 
 @pytest.fixture
-def outside(tmp_path: Path) -> Path:
-    """A folder outside the repository with a secret in it."""
-    folder = tmp_path / "outside"
-    folder.mkdir()
-    (folder / "secret.txt").write_text("API_KEY=sk-outside\n")
-    return folder
-
-
-@pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
     recorder = Recorder()
     for name in CALLBACK_TOOLS:

@@ -36,15 +36,6 @@ DELETE_NOTES = ("--- a/docs/NOTES.md\n+++ /dev/null\n@@ -1,3 +0,0 @@\n-Notes.\n"
 
 
 @pytest.fixture
-def outside(tmp_path: Path) -> Path:
-    """A folder outside the repository with a secret in it."""
-    folder = tmp_path / "outside"
-    folder.mkdir()
-    (folder / "secret.txt").write_text("API_KEY=sk-outside\n")
-    return folder
-
-
-@pytest.fixture
 def ctx(tmp_path: Path) -> ToolContext:
     src = tmp_path / "src"
     for name, text in FILES.items():

@@ -311,15 +311,6 @@ def test_a_non_ascii_diff_under_the_cap_in_characters_is_measured_in_bytes() -> 
 
 
 @pytest.fixture
-def outside(tmp_path: Path) -> Path:
-    """The canary folder beside the worktree."""
-    folder = tmp_path / "outside"
-    folder.mkdir()
-    (folder / "secret.txt").write_text("API_KEY=sk-outside\n")
-    return folder
-
-
-@pytest.fixture
 def ctx(tmp_path: Path, outside: Path) -> ToolContext:
     """A run's worktree (tmp_path/run-1) of a bare repository (tmp_path/repo.git), as
     agents.policies.llm sets them up, with the policy of OPEN."""
