@@ -1,5 +1,5 @@
-"""Login everywhere, a strict Content-Security-Policy on HTML responses, and a 503 page while
-the database does not answer."""
+"""Login everywhere, a strict Content-Security-Policy on HTML responses, a page for a 405, and
+a 503 page while the database does not answer."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from django.core.signals import got_request_exception
 from django.db import InterfaceError, OperationalError
 from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 from django.template import loader
 
 # Everything is served from our own origin: no CDN, no inline script.
@@ -44,6 +45,26 @@ class ContentSecurityPolicyMiddleware:
         if response.get("Content-Type", "").startswith("text/html"):
             response.setdefault("Content-Security-Policy", CSP)
         return response
+
+
+class MethodNotAllowedPageMiddleware:
+    """A 405 says on a page which methods the address takes: Django's require_POST answers
+    with an empty body, which a browser shows as a blank page (someone who opened a button's
+    address, or reloaded after a form)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if response.status_code != 405 or getattr(response, "streaming", False) or \
+                response.content:
+            return response
+        allowed = [m.strip() for m in response.get("Allow", "").split(",") if m.strip()]
+        page = render(request, "405.html", {"allowed": allowed, "method": request.method},
+                      status=405)
+        page["Allow"] = response.get("Allow", "")
+        return page
 
 
 # --- a database that does not answer ------------------------------------------------------

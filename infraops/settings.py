@@ -308,6 +308,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "infraops.middleware.ContentSecurityPolicyMiddleware",
+    # Inside the CSP: its page gets the policy too.
+    "infraops.middleware.MethodNotAllowedPageMiddleware",
 ]
 
 ROOT_URLCONF = "infraops.urls"
