@@ -16,7 +16,6 @@ from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import environ
-import plotly
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -368,10 +367,15 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-# plotly.js comes from the plotly package itself, never from a CDN.
-STATICFILES_DIRS = [BASE_DIR / "static", ("plotly", Path(plotly.__file__).parent / "package_data")]
+# Our own files only, never a CDN: plotly.js is the cartesian bundle in static/vendor/plotly
+# (a third of the full bundle the plotly package carries; its README says why and how).
+STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "staticfiles"
-# Served by WhiteNoise from the finders in DEBUG and tests, from STATIC_ROOT otherwise.
+# Collected (manage.py prepare): hashed names, gzip copies, a year's cache (infraops/staticfiles).
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "infraops.staticfiles.HashedStaticFiles"},
+}
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
