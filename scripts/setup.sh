@@ -25,12 +25,31 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.requirements-$(cat requirements.txt requirements-dev.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
-  echo "Installing Python packages into .venv (log: .venv/pip.log)"
-  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -r requirements-dev.txt; } \
-      > .venv/pip.log 2>&1; then
+  echo "Installing Python packages into .venv (about two minutes the first time; log: .venv/pip.log)"
+  { .venv/bin/pip install --progress-bar off --upgrade pip &&
+    .venv/bin/pip install --progress-bar off -r requirements-dev.txt; } > .venv/pip.log 2>&1 &
+  pip_pid=$!
+  started=$SECONDS
+  report=10
+  # What pip is at, every 10 s: a silent minute and a half looks like a hang.
+  while kill -0 "$pip_pid" 2>/dev/null; do
+    sleep 1
+    if (( SECONDS - started >= report )); then
+      report=$((report + 10))
+      found=$(grep -cE '^(Collecting|Processing)' .venv/pip.log || true)
+      if grep -q '^Installing collected' .venv/pip.log; then
+        installed=$(find .venv/lib -maxdepth 3 -name '*.dist-info' | wc -l)
+        echo "  ... $((SECONDS - started)) s: installing, $installed of about $found packages in place"
+      else
+        echo "  ... $((SECONDS - started)) s: resolving, $found packages found"
+      fi
+    fi
+  done
+  if ! wait "$pip_pid"; then
     tail -n 30 .venv/pip.log >&2
     exit 1
   fi
+  echo "  Python packages installed in $((SECONDS - started)) s"
   rm -f .venv/.requirements-* && touch "$stamp"
 fi
 

