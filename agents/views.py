@@ -29,6 +29,7 @@ from infraops.access import (
     visible_target_ids,
 )
 from infraops.errors import DomainError
+from infraops.live import cursor
 from infraops.models import Experiment, Goal, Target
 from infraops.ratelimit import START_RUN, throttled
 from infraops.reads import JoinedRead, give_related
@@ -91,17 +92,9 @@ def run_start(request: HtmxHttpRequest, goal_id: int) -> HttpResponse:
     return redirect("agents:run", pk=run.pk)
 
 
-CURSOR_MAX = 2**31 - 1  # a PositiveIntegerField's top: any larger 'after' means 'after all'
 ARGUMENT_CUT = 2000  # characters of one argument value shown on the page
 ARGUMENTS_CUT = 8000  # characters of a call's whole pretty-printed arguments
 CONTENT_CUT = 4000  # characters of what the model read back
-
-
-def _cursor(text: str | None) -> int:
-    """A sequence number from the address; anything else (abc, -1, 1e9, '²') is 0."""
-    if not text or not (text.isascii() and text.isdigit()):
-        return 0
-    return CURSOR_MAX if len(text) > 10 else min(int(text), CURSOR_MAX)
 
 
 def _cut(text: str, limit: int) -> tuple[str, int]:
@@ -251,14 +244,14 @@ def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     only the rows of the steps after that number (the page's script appends them)."""
     run = _get_run_for_user(request, pk)
     if "steps_after" in request.GET:
-        after_step = _cursor(request.GET["steps_after"])
+        after_step = cursor(request.GET["steps_after"])
         rows = _step_views(run.steps.order_by("number").filter(number__gt=after_step))
         return render(request, "agents/run.html#run-step-rows", {"run": run, "step_views": rows})
     # The ledger and the messages are read through the run, as the socket's partial reads them,
     # each with its authors in one query.
     give_related(run, "hypotheses", _HYPOTHESES.all(run.pk))
     give_related(run, "messages", _MESSAGES.all(run.pk))
-    after = _cursor(request.GET.get("after"))
+    after = cursor(request.GET.get("after"))
     context: dict[str, Any] = {
         "run": run, "worker_warning": _worker_warning(run),
         "steer_form": SteerForm(), "target_roles": request_target_roles(request, run.target_id),

@@ -10,6 +10,10 @@ class InfraopsConfig(AppConfig):
 
     def ready(self) -> None:
         from infraops.roles import ensure_roles
+        from infraops.services.results import experiment_changed
+        from infraops.signals import experiment_finished
 
         # After auth's own handler has made this app's permissions (auth is listed first).
         post_migrate.connect(ensure_roles, sender=self, dispatch_uid="infraops-roles")
+        # An experiment's open pages re-read it when it ends (after the commit).
+        experiment_finished.connect(experiment_changed, dispatch_uid="infraops-experiment-page")

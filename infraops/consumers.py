@@ -41,6 +41,7 @@ from django.utils.crypto import constant_time_compare
 from django.utils.html import format_html
 
 from infraops.access import has_any_access, scoped
+from infraops.live import CURSOR_MAX
 from infraops.models import Experiment, ExperimentLog
 from infraops.services.results import experiment_group
 
@@ -50,7 +51,6 @@ BATCH = 200
 RECHECK_SECONDS = 2.0  # a revoked session or role closes the socket within this (plus a query)
 MAX_CLIENT_FRAME = 64 * 1024  # bytes; the pages send {"after": n}
 MAX_SERVER_FRAME = 256 * 1024  # bytes of one frame the server sends
-CURSOR_MAX = 2**31 - 1  # a PositiveIntegerField's top: a larger 'after' means 'after all'
 
 CLOSE_SIGNED_OUT = 4401
 CLOSE_FORBIDDEN = 4403
@@ -195,6 +195,16 @@ def parse_after(text_data: str | None) -> int | None:
     return min(max(after, 0), CURSOR_MAX)
 
 
+def parse_state(text_data: str | None) -> str | None:
+    """The "state" a page says it shows, next to its "after" (a short word), or None."""
+    try:
+        message = json.loads(text_data or "")
+    except (ValueError, RecursionError):
+        return None
+    state = message.get("state") if isinstance(message, dict) else None
+    return state if isinstance(state, str) and len(state) <= 40 else None
+
+
 class SequencedLogConsumer(GuardedConsumer):
     """Subclasses name the group, check access and render the rows after a number."""
 
@@ -207,6 +217,7 @@ class SequencedLogConsumer(GuardedConsumer):
     fetch_upto: int  # rows up to this number were handed to the page to fetch over HTTP
     http_url: str = ""  # where the page fetches rows that do not fit a frame
     refresh_ids: tuple[str, ...] = ()  # elements the page re-reads from that fetch
+    refresh_due = False  # the object's state moved: have the page re-read refresh_ids
 
     def group(self) -> str:
         raise NotImplementedError
@@ -244,8 +255,17 @@ class SequencedLogConsumer(GuardedConsumer):
         after = parse_after(text_data)
         if after is None:
             return  # a malformed message asks for nothing
+        shown = parse_state(text_data)
+        if shown is not None and shown != await database_sync_to_async(self.current_state)():
+            # The page shows a state the object has left (it moved while the page loaded or
+            # the socket was down, and that notice is gone): have it re-read.
+            self.refresh_due = True
         self.requested = after
         self._wake.set()
+
+    def current_state(self) -> str | None:
+        """The object's state as its page shows it (None: nothing to compare)."""
+        return None
 
     async def notify_new(self, event: dict[str, Any]) -> None:
         """Wake the sender when there is more than the client has; never wait on the socket
@@ -274,6 +294,9 @@ class SequencedLogConsumer(GuardedConsumer):
                 self.client_ready = True
             try:
                 await self._send_new()
+                if self.refresh_due and self.client_ready:
+                    self.refresh_due = False
+                    await self._send_fetch()
             except Exception:  # a database or socket fault: the page reconnects and resumes
                 if self._closing:
                     return
@@ -313,8 +336,21 @@ class SequencedLogConsumer(GuardedConsumer):
 
 
 class ExperimentLogConsumer(SequencedLogConsumer):
+    """The experiment page's socket: its probe output as rows, and, when the experiment's state
+    moves (claimed, finished, failed), a frame that has the page re-read its status, feedback,
+    charts and tables over HTTP: the page is live to its end without a reload."""
+
     log_lines = SequencedLogConsumer.notify_new
-    refresh_ids = ("experiment-status",)
+    refresh_ids = ("experiment-status", "experiment-alerts", "experiment-feedback",
+                   "experiment-comparison", "experiment-executions")
+
+    async def experiment_changed(self, event: dict[str, Any]) -> None:
+        self.refresh_due = True
+        self._wake.set()
+
+    def current_state(self) -> str | None:
+        return Experiment.objects.filter(pk=self.object_id).values_list(
+            "status", flat=True).first()
 
     async def connect(self) -> None:
         self.http_url = f"/experiments/{int(self.scope['url_route']['kwargs']['pk'])}/"

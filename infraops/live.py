@@ -15,6 +15,15 @@ from django.db import transaction
 
 log = logging.getLogger(__name__)
 
+CURSOR_MAX = 2**31 - 1  # a PositiveIntegerField's top: any larger 'after' means 'after all'
+
+
+def cursor(text: str | None) -> int:
+    """A sequence number from an address (?after=N); anything else (abc, -1, 1e9, '²') is 0."""
+    if not text or not (text.isascii() and text.isdigit()):
+        return 0
+    return CURSOR_MAX if len(text) > 10 else min(int(text), CURSOR_MAX)
+
 
 def notify(group: str, message: dict[str, Any]) -> None:
     def send() -> None:

@@ -8,6 +8,7 @@ from django.shortcuts import render
 
 from infraops.access import get_visible_or_404, target_roles
 from infraops.charts import feedback_charts
+from infraops.live import cursor
 from infraops.models import Experiment, Target
 from infraops.services.experiments import reproduce_command
 from infraops.workers import missing_worker_message
@@ -39,7 +40,9 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "experiment": experiment,
         "worker_warning": missing_worker_message(experiment.queue) if waiting else None,
         "executions": executions,
-        "logs": experiment.logs.order_by("seq")[:2000],
+        # ?after=N (the live page fetching what a frame could not carry): the rows after N.
+        "logs": experiment.logs.filter(seq__gt=cursor(request.GET.get("after")))
+                .order_by("seq")[:2000],
         "charts": feedback_charts(experiment.feedback or {}),
     })
 

@@ -43,6 +43,7 @@ from infraops.services.results import (
     LogStream,
     artifacts_collect,
     artifacts_link,
+    experiment_changed,
     instruction_rows,
     printable,
     read_metrics,
@@ -219,6 +220,7 @@ def experiment_claim(*, experiment_id: int, worker: str) -> Experiment | None:
         started_at=Coalesce("started_at", Value(now, output_field=DateTimeField())),
     )
     if claimed:
+        experiment_changed(experiment_id)
         return Experiment.objects.select_related("target").get(pk=experiment_id)
     with transaction.atomic():
         experiment = (
@@ -246,6 +248,7 @@ def experiment_claim(*, experiment_id: int, worker: str) -> Experiment | None:
         experiment.started_at = experiment.started_at or now
         experiment.save(update_fields=["status", "attempts", "claimed_by", "lease_expires_at",
                                        "started_at"])
+        experiment_changed(experiment.pk)
     return experiment
 
 

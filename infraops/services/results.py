@@ -30,6 +30,13 @@ def experiment_group(experiment_id: int) -> str:
     return f"experiment-{experiment_id}"
 
 
+def experiment_changed(experiment_id: int, **_: Any) -> None:
+    """Tell the experiment's open pages that its state moved (claimed, finished, failed),
+    after the commit: they re-read status, feedback, charts and tables over HTTP. Connected
+    to experiment_finished (infraops.apps) and called where a worker claims it."""
+    notify(experiment_group(experiment_id), {"type": "experiment.changed"})
+
+
 class MetricRow(TypedDict):
     name: str
     value: float

@@ -1,16 +1,24 @@
 // On every (re)connect, ask the server for every row after the last one on the page: the
 // websocket only notifies, the database holds the log, so nothing is lost.
+// It also says which state the page shows ([data-live-state]), so that a change it missed
+// while the socket was down has it re-read the parts that depend on it.
 document.addEventListener("htmx:wsOpen", (event) => {
   const list = event.target.querySelector("[data-seq-list]");
   if (!list) return;
-  const rows = list.querySelectorAll(":scope > [data-seq]");
-  const last = rows.length ? Number(rows[rows.length - 1].dataset.seq) : 0;
-  event.detail.socketWrapper.send(JSON.stringify({ after: last }));
+  event.detail.socketWrapper.send(position(event.target, list));
 });
 
-// A frame too big for the socket arrives as <template data-live-fetch data-url=...>
-// (infraops/consumers.py): fetch the page over HTTP with ?after=<last row shown>, append its
-// newer rows, replace the parts the frame names, then tell the socket where the page is.
+function position(socketElt, list) {
+  const state = socketElt.querySelector("[data-live-state]");
+  const message = { after: lastSeq(list) };
+  if (state) message.state = state.dataset.liveState;
+  return JSON.stringify(message);
+}
+
+// A frame too big for the socket, or a change of the object's state, arrives as
+// <template data-live-fetch data-url=...> (infraops/consumers.py): fetch the page over HTTP
+// with ?after=<last row shown>, append its newer rows, replace the parts the frame names, then
+// tell the socket where the page is.
 document.addEventListener("htmx:wsBeforeMessage", (event) => {
   const message = event.detail.message;
   if (typeof message !== "string" || !message.startsWith("<template data-live-fetch")) return;
@@ -53,12 +61,13 @@ async function fetchRows(socketElt, order, socket) {
         const node = document.adoptNode(fresh);
         old.replaceWith(node);
         if (window.htmx) window.htmx.process(node);
+        document.dispatchEvent(new CustomEvent("infraops:replaced", { detail: { node } }));
       }
     }
   } catch (error) {
     console.warn("could not fetch the rows too big for the socket", error);
   } finally {
-    socket.send(JSON.stringify({ after: lastSeq(list) }));
+    socket.send(position(socketElt, list));
     syncSteps();
   }
 }
