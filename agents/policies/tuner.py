@@ -186,6 +186,11 @@ def _number(value: str) -> float:
         return math.nan  # not a number: outside every range
 
 
+def shown(params: dict[str, Any]) -> str:
+    """A configuration as people write it: batch_size=8, workers=2 (not a Python dict)."""
+    return ", ".join(f"{name}={value}" for name, value in params.items()) or "the base"
+
+
 def _in_space(knobs: list[Knob], params: dict[str, str]) -> bool:
     for knob in knobs:
         value = params.get(knob.name)
@@ -230,7 +235,7 @@ def _try(run: AgentRun, knobs: list[Knob], trials: list[dict[str, Any]],
         # The base configuration is the baseline itself: an A/A run would only measure noise.
         trial["objective"] = 1.0
         trial["commit"] = run.base_commit
-        text = f"Configuration {params} is the current one: objective 1.0 by definition."
+        text = f"Configuration {shown(params)} is the current one: objective 1.0 by definition."
         return StepOutcome(text, "tuner.ask", _call("tuner.ask", arguments, True, text),
                            record={"params": params}, result={"objective": 1.0},
                            verdict="the base configuration: objective 1.0")
@@ -238,17 +243,17 @@ def _try(run: AgentRun, knobs: list[Knob], trials: list[dict[str, Any]],
     try:
         experiment = request_experiment(
             run, commit=commit, probes=[spec["probe"]],
-            origin=f"run {run.pk}, trial {trial['number']}", describe=f"{params} vs base")
+            origin=f"run {run.pk}, trial {trial['number']}", describe=f"{shown(params)} vs base")
     except Refusal as exc:
         trial["failed"] = True
         refusal = "; ".join(exc.reasons)
         run_event(run_id=run.pk, kind="refusal", message=f"Edit refused: {refusal}")
-        text = f"Refused configuration {params}: it breaks the boundary."
+        text = f"Refused configuration {shown(params)}: it breaks the boundary."
         return StepOutcome(text, "edit", _call("edit", arguments, False, text, refusal=refusal),
                            record={"params": params}, result={"violations": exc.reasons},
                            verdict="refused by the boundary")
     trial.update(commit=commit, experiment=experiment.pk)
-    text = f"Trying {params}: experiment {experiment.pk} on commit {commit[:10]}."
+    text = f"Trying {shown(params)}: experiment {experiment.pk} on commit {commit[:10]}."
     return StepOutcome(text, "run_experiment",
                        _call("run_experiment", arguments, True, text,
                              {"experiment": experiment.pk, "commit": commit}),
@@ -271,9 +276,9 @@ def _commit_configuration(run: AgentRun, knobs: list[Knob], params: dict[str, st
     for knob in knobs:
         file = path / knob.file
         file.write_text(knob_apply(knob, file.read_text(), params[knob.name]))
-    commit = commit_worktree(path, f"tuner: {params}")
+    commit = commit_worktree(path, f"tuner: {shown(params)}")
     if commit == run.base_commit:
-        raise DomainError(f"Setting {params} changed no file.")
+        raise DomainError(f"Setting {shown(params)} changed no file.")
     return commit
 
 
@@ -314,7 +319,7 @@ def _read(run: AgentRun, trial: dict[str, Any], spec: dict[str, Any]) -> StepOut
         return StepOutcome(text, "read_feedback", _call("read_feedback", arguments, False, text),
                            record=arguments, verdict="no measurement", experiment=experiment.pk)
     trial.update(objective=value, candidate=candidate, baseline=baseline)
-    text = (f"{trial['params']}: {spec['metric']} median {candidate:.4g} vs baseline "
+    text = (f"{shown(trial['params'])}: {spec['metric']} median {candidate:.4g} vs baseline "
             f"{baseline:.4g} (objective {value:.3f}, lower is better).")
     result = {"candidate": candidate, "baseline": baseline, "objective": value}
     return StepOutcome(text, "read_feedback", _call("read_feedback", arguments, True, text, result),
@@ -333,7 +338,7 @@ def _submit(run: AgentRun, trials: list[dict[str, Any]], spec: dict[str, Any]) -
     experiment = Experiment.objects.get(pk=best["experiment"])
     improvement = (1 - best["objective"]) * 100
     change = submit_change(
-        run, title=f"Tune {', '.join(f'{k}={v}' for k, v in best['params'].items())}",
+        run, title=f"Tune {shown(best['params'])}",
         hypothesis=(f"Setting {best['params']} improves {spec['probe']}.{spec['metric']} "
                     f"({spec['direction']}) by {improvement:.1f}% over the base configuration."),
         experiment=experiment, head_commit=best["commit"], evidence={"trials": trials})
@@ -386,7 +391,7 @@ def _understood(run: AgentRun, knobs: list[Knob], text: str) -> str:
             params[name] = value
     if params:
         run.state.setdefault("requested", []).append(params)
-        said.append(f"trying {params} next")
+        said.append(f"trying {shown(params)} next")
     if _STOP.search(text):
         run.state["stop"] = True
         said.append("stopping after the pending trial; the best so far is submitted")

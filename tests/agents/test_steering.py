@@ -79,7 +79,7 @@ def test_the_tuner_tries_the_value_a_person_asks_for_next(
     assert batch_size_at(run, experiment.candidate_commit) == "batch_size = 16"
     message.refresh_from_db()
     assert message.delivered_at_step == 1
-    assert run.events.filter(message__contains="trying {'batch_size': '16'} next").exists()
+    assert run.events.filter(message__contains="trying batch_size=16 next").exists()
 
 
 def test_the_tuner_says_what_it_did_not_understand(
