@@ -20,6 +20,7 @@ from django.views.decorators.http import require_POST
 
 from agents import services
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
+from agents.templatetags.agent_runs import ACTIVE
 from infraops.access import (
     HtmxHttpRequest,
     get_visible_or_404,
@@ -79,6 +80,8 @@ def run_start(request: HtmxHttpRequest, goal_id: int) -> HttpResponse:
     goal = get_visible_or_404(Goal.objects.select_related("target"), request, pk=goal_id)
     if (refused := throttled(request, START_RUN)) is not None:
         return refused
+    others = list(AgentRun.objects.filter(goal_version__goal=goal, status__in=ACTIVE)
+                  .order_by("-pk").values_list("pk", flat=True))
     try:
         run = services.run_start(goal=goal, user=request.user)
     except DomainError as exc:
@@ -89,6 +92,10 @@ def run_start(request: HtmxHttpRequest, goal_id: int) -> HttpResponse:
         messages.error(request, f"{services.QUEUE_DOWN}; the run may not have started: "
                                 "check the runs list before trying again.")
         return redirect("infraops:target", name=goal.target.name)
+    others = [pk for pk in others if pk != run.pk]
+    if others:
+        messages.warning(request, f"Run {others[0]} is also active on this goal: the two compete "
+                                  "for the workers, and their changes may conflict.")
     return redirect("agents:run", pk=run.pk)
 
 

@@ -1,12 +1,14 @@
 """`{{ value|local_time }}`: a moment as a <time> element, in UTC with the zone named, which
 static/js/local-time.js rewrites in the viewer's own zone (the zone named again). Without
-JavaScript the page still says which zone its times are in."""
+JavaScript the page still says which zone its times are in. `{{ start|duration:end }}`: how
+long from one to the other (to now without an end), as people say it: 2 h 5 min, 3 min 12 s."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 from django import template
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -25,3 +27,15 @@ def local_time(value: datetime | None, style: str = "time") -> SafeString | str:
     return format_html('<time datetime="{}" data-local="{}">{} UTC</time>',
                        moment.isoformat().replace("+00:00", "Z"), style,
                        moment.strftime(FORMATS[style]))
+
+
+@register.filter
+def duration(start: datetime | None, end: datetime | None = None) -> str:
+    if not isinstance(start, datetime):
+        return ""
+    seconds = max(int(((end or timezone.now()) - start).total_seconds()), 0)
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min {seconds} s" if minutes else f"{seconds} s"
