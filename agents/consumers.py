@@ -19,8 +19,8 @@ from infraops.consumers import BATCH, SequencedLogConsumer
 class RunConsumer(SequencedLogConsumer):
     run_events = SequencedLogConsumer.notify_new
     # What the live partial swaps besides the rows: re-read from the page fetched over HTTP.
-    refresh_ids = ("run-status", "run-budget", "run-controls", "run-wait", "run-ledger",
-                   "run-step-sync")
+    refresh_ids = ("run-status", "run-budget", "run-trials", "run-controls", "run-wait",
+                   "run-ledger", "run-step-sync")
 
     async def connect(self) -> None:
         self.http_url = f"/runs/{int(self.scope['url_route']['kwargs']['pk'])}/"

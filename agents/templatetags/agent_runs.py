@@ -1,12 +1,14 @@
 """Runs on pages of the core app (whose Python does not import agents): a target's recent
-runs, and the run already active on a goal."""
+runs, and the run already active on a goal; and a run's chart of trials."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django import template
+from django.utils.safestring import SafeString
 
+from agents.charts import trials_svg
 from agents.models import AgentRun
 from infraops.models import Goal, Target
 
@@ -27,3 +29,10 @@ def active_run(goal: Goal) -> AgentRun | None:
     """The goal's running or paused run, if any: a second one would compete with it."""
     return AgentRun.objects.filter(goal_version__goal=goal, status__in=ACTIVE).order_by(
         "-created_at").first()
+
+
+@register.filter
+def trials_chart(run: AgentRun) -> SafeString:
+    """The tuner's trials of the run as an SVG chart (agents.charts); empty for other runs."""
+    trials = run.state.get("trials") if isinstance(run.state, dict) else None
+    return trials_svg(trials if isinstance(trials, list) else [])

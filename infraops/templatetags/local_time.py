@@ -39,3 +39,11 @@ def duration(start: datetime | None, end: datetime | None = None) -> str:
     if hours:
         return f"{hours} h {minutes} min"
     return f"{minutes} min {seconds} s" if minutes else f"{seconds} s"
+
+
+@register.filter
+def minutes_between(start: datetime | None, end: datetime | None = None) -> float:
+    """Minutes from one moment to the other (to now without an end), for a progress bar."""
+    if not isinstance(start, datetime):
+        return 0.0
+    return round(max(((end or timezone.now()) - start).total_seconds(), 0) / 60, 1)

@@ -120,3 +120,24 @@ async function syncSteps() {
 }
 
 document.addEventListener("htmx:wsAfterMessage", syncSteps);
+
+// A live log follows new lines, unless its reader scrolled up to read: where the box was at
+// its end before a message, it is at its end after.
+const following = new WeakMap();
+
+function atEnd(list) {
+  return list.scrollHeight - list.scrollTop - list.clientHeight < 40;
+}
+
+function follow() {
+  for (const list of document.querySelectorAll("[data-seq-list]")) {
+    if (following.get(list) !== false) list.scrollTop = list.scrollHeight;
+  }
+}
+
+document.addEventListener("DOMContentLoaded", follow);
+document.addEventListener("htmx:wsBeforeMessage", () => {
+  for (const list of document.querySelectorAll("[data-seq-list]")) following.set(list, atEnd(list));
+});
+document.addEventListener("htmx:wsAfterMessage", follow);
+document.addEventListener("infraops:replaced", follow);
