@@ -19,6 +19,8 @@ from django.utils.safestring import SafeString, mark_safe
 from django.views.decorators.http import require_POST
 
 from agents import services
+from agents.charts import evolution_svg
+from agents.goals import evolution, spec_changes
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
 from agents.templatetags.agent_runs import ACTIVE
 from infraops.access import (
@@ -36,6 +38,7 @@ from infraops.ratelimit import START_RUN, throttled
 from infraops.reads import JoinedRead, give_related
 from infraops.workers import missing_worker_message
 from reviews.live import awaiting_count
+from reviews.models import Change
 
 # The dashboard's lists, as scoped(...) would give them: every target and run for a superuser,
 # else those of the targets the user is a member of (visible_target_ids). A run's goal version
@@ -57,6 +60,25 @@ def dashboard(request: HtmxHttpRequest) -> HttpResponse:
         "targets": _TARGETS[every].all(*params),
         "runs": _RECENT_RUNS[every].all(*params),
         "pending_reviews": awaiting_count(request, []),
+    })
+
+
+def goal_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """A goal: its metric across the base and every merged change (the evolution chart), its
+    versions with what each changed, its runs and merged changes."""
+    goal = get_visible_or_404(Goal.objects.select_related("target", "boundary"), request, pk=pk)
+    points = evolution(goal)
+    versions = list(goal.versions.select_related("created_by").order_by("number"))
+    history = [{"version": v, "changes": spec_changes(versions[i - 1].spec if i else None, v.spec)}
+               for i, v in enumerate(versions)]
+    return render(request, "agents/goal.html", {
+        "goal": goal, "points": points, "chart": evolution_svg(points, goal.metric),
+        "history": list(reversed(history)),
+        "runs": AgentRun.objects.filter(goal_version__goal=goal)
+                .select_related("goal_version__goal__target", "started_by")[:50],
+        "merged": Change.objects.filter(goal=goal, status=Change.Status.MERGED)
+                  .order_by("-merged_at"),
+        "target_roles": request_target_roles(request, goal.target_id),
     })
 
 

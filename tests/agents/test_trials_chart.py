@@ -60,7 +60,7 @@ def test_the_run_page_draws_the_trials_and_the_budget_bars(
     client.force_login(engineer)
     page = client.get(f"/runs/{run.pk}/").content.decode()
     assert '<section id="run-trials"><h2>Trials</h2>' in re.sub(r"\s*\n\s*", "", page)
-    assert '<svg class="trials"' in page
+    assert '<svg class="chart-svg"' in page
     assert '<progress value="6" max="50" aria-label="steps used">' in page
     assert '<progress value="3" max="8" aria-label="experiments used">' in page
     live = client.get(f"/runs/{run.pk}/?after=0", HTTP_HX_REQUEST="true").content.decode()

@@ -1,0 +1,102 @@
+"""The goal page: the metric across the base and every merged change (the evolution chart,
+with intervals), each goal version's changes in words, its runs and merged changes."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.utils import timezone
+
+from agents.goals import evolution, spec_changes
+from infraops.models import Experiment, Goal
+from infraops.services.goals import goal_snapshot
+from reviews.models import Change
+
+pytestmark = pytest.mark.django_db
+
+
+def merged_change(goal: Goal, n: int, base: float, head: float, ci: tuple[float, float],
+                  **extra: Any) -> Change:
+    comparison = {"probe": goal.probe, "metric": goal.metric, "variant": "", "case": "",
+                  "unit": "ms", "baseline_median": base, "candidate_median": head,
+                  "ratio": head / base, "ci_low": ci[0], "ci_high": ci[1]}
+    experiment = Experiment.objects.create(
+        target=goal.target, candidate_commit=f"{n}" * 40, baseline_commit="a" * 40,
+        status=Experiment.Status.SUCCEEDED,
+        feedback={"findings": [{"title": f"{goal.probe} {goal.metric} improved",
+                                "evidence": {"comparison": comparison}}]})
+    return Change.objects.create(
+        target=goal.target, goal=goal, experiment=experiment, title=f"change {n}",
+        hypothesis="h", base_commit="a" * 40, head_commit=f"{n}" * 40, diff="",
+        diff_sha256="c" * 64, status=Change.Status.MERGED,
+        merged_at=timezone.now() + timedelta(minutes=n), **extra)
+
+
+def test_the_evolution_is_the_base_then_each_merged_change_in_merge_order(
+        example_goal: Goal) -> None:
+    second = merged_change(example_goal, 2, 9.0, 8.1, (0.88, 0.92))
+    first = merged_change(example_goal, 1, 10.0, 9.0, (0.85, 0.95))
+    Change.objects.create(target=example_goal.target, goal=example_goal, title="pending",
+                          hypothesis="h", base_commit="a" * 40, head_commit="b" * 40, diff="",
+                          diff_sha256="c" * 64)  # not merged: not a version
+
+    points = evolution(example_goal)
+
+    assert [(p.label, p.median, p.change) for p in points] == [
+        ("v0 (base)", 10.0, None), (f"v1 (change {first.pk})", 9.0, first.pk),
+        (f"v2 (change {second.pk})", 8.1, second.pk)]
+    assert points[1].low == pytest.approx(8.5) and points[1].high == pytest.approx(9.5)
+    assert points[2].low == pytest.approx(9.0 * 0.88) and points[0].low is None
+
+
+def test_the_goal_page_draws_it_with_units_and_links(client: Client, engineer: User,
+                                                     example_goal: Goal) -> None:
+    change = merged_change(example_goal, 1, 10.0, 9.0, (0.85, 0.95))
+    client.force_login(engineer)
+
+    page = client.get(f"/goals/{example_goal.pk}/").content.decode()
+
+    assert '<svg class="chart-svg"' in page and "latency_ms (ms), median" in page
+    assert page.count('<circle class="trial"') == 2 and '<line class="interval"' in page
+    assert f'<a href="/reviews/changes/{change.pk}/">change {change.pk}</a>' in page
+    assert "8.5000 to 9.5000 ms" in page
+    target_page = client.get(f"/targets/{example_goal.target.name}/").content.decode()
+    assert f'<a href="/goals/{example_goal.pk}/">' in target_page
+
+
+def test_without_merged_changes_the_page_says_so(client: Client, engineer: User,
+                                                 example_goal: Goal) -> None:
+    client.force_login(engineer)
+    page = client.get(f"/goals/{example_goal.pk}/").content.decode()
+    assert "No merged change with a measurement of latency_ms yet" in page
+
+
+def test_each_version_says_what_it_changed(client: Client, engineer: User,
+                                           example_goal: Goal) -> None:
+    example_goal.boundary.max_experiments = 12
+    example_goal.boundary.save()
+    goal_snapshot(goal=example_goal, user=engineer)
+    client.force_login(engineer)
+
+    page = client.get(f"/goals/{example_goal.pk}/").content.decode()
+
+    assert "boundary.max_experiments: 8 → 12" in page
+    assert "the first version" in page
+
+
+def test_spec_changes_name_added_removed_and_changed_settings() -> None:
+    before = {"boundary": {"max_steps": 40, "editable_paths": ["config/**"]},
+              "criteria": [{"id": 1, "name": "a"}]}
+    after = {"boundary": {"max_steps": 50, "editable_paths": ["config/**", "src/**"]},
+             "criteria": [{"id": 9, "name": "a"}, {"id": 10, "name": "b"}], "auto_merge": True}
+    assert spec_changes(before, after) == [
+        "added auto_merge: True",
+        "boundary.editable_paths: config/** → config/**, src/**",
+        "boundary.max_steps: 40 → 50",
+        "added criteria[2].name: b"]
+    assert spec_changes(before, before) == ["no setting changed"]
+    assert spec_changes(None, after) == ["the first version"]
