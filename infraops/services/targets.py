@@ -95,8 +95,34 @@ def target_manifest_at(*, target: Target, commit: str) -> Manifest:
     return parse_manifest(raw.decode("utf-8", "replace"))
 
 
+UPSTREAM_AUTHOR = ("InfraOps", "infraops@localhost")
+
+
+def _follow_upstream(target: Target) -> None:
+    """Bring the upstream base branch into the clone's: fetch only moves
+    refs/remotes/origin/*, and the clone's own branch (what runs start from, what merges go
+    onto) stayed where it was cloned. Fast-forward when upstream is ahead; nothing when the
+    clone is ahead (changes merged here and not pushed); a merge commit when both moved. A
+    conflict between the two is an error that names the paths: nothing moves."""
+    base = target.base_branch
+    try:
+        gitops.rev_parse(target.clone_path, f"refs/remotes/origin/{base}")
+    except gitops.GitError:
+        raise DomainError(f"The upstream repository has no branch {base!r} (any more): "
+                          "InfraOps keeps the copy it has; fix the target's base branch.") from None
+    try:
+        gitops.merge(target.clone_path, branch=base, commit=f"refs/remotes/origin/{base}",
+                     expected_base=None, message=f"infraops: bring in upstream {base}",
+                     author_name=UPSTREAM_AUTHOR[0], author_email=UPSTREAM_AUTHOR[1])
+    except gitops.MergeConflict as exc:
+        raise DomainError(f"Upstream {base} and the changes merged here conflict in "
+                          f"{', '.join(exc.paths) or 'some paths'}: resolve it upstream (merge "
+                          f"{base} there), then refresh.") from None
+
+
 def target_refresh_manifest(*, target: Target) -> Target:
-    """Fetch, then read and validate infraops.toml at the tip of the base branch.
+    """Fetch, bring the upstream base branch in (_follow_upstream), then read and validate
+    infraops.toml at the tip of the base branch.
 
     A broken manifest is stored with its problems (the target page lists them); the previous
     text is replaced, since experiments record the hash of the manifest they ran with.
@@ -105,6 +131,7 @@ def target_refresh_manifest(*, target: Target) -> Target:
         target_clone(target=target)
     try:
         gitops.repo_fetch(target.clone_path)
+        _follow_upstream(target)
         commit = gitops.rev_parse(target.clone_path, f"refs/heads/{target.base_branch}")
         raw = gitops.read_file(target.clone_path, commit, MANIFEST_PATH)
     except gitops.GitError as exc:
