@@ -38,6 +38,12 @@ from infraops.services.audit import audit_record
 from infraops.services.goals import goal_snapshot, metric_problem
 from infraops.services.targets import repo_check, target_clone, target_refresh_manifest
 
+# The admin is the product's editor: its name, and a way back to the dashboard.
+admin.site.site_header = "InfraOps · admin editor"
+admin.site.site_title = "InfraOps admin editor"
+admin.site.index_title = "Targets, goals, boundaries and criteria"
+admin.site.site_url = "/"
+
 
 class TargetScopedAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Lists and pages only the rows of the targets the user sees (infraops.access); any
@@ -289,17 +295,67 @@ class CriterionFormSet(BaseInlineFormSet):  # type: ignore[type-arg]
                 form.add_error("metric" if "no metric" in problem else "probe", problem)
 
 
+class CriterionForm(forms.ModelForm):  # type: ignore[type-arg]
+    manifest_targets: list[Target] = []  # set per request by GoalAdmin
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        offer_manifest_values(self, self.manifest_targets)
+
+
 class CriterionInline(admin.TabularInline):  # type: ignore[type-arg]
     model = AcceptanceCriterion
+    form = CriterionForm
     formset = CriterionFormSet
     extra = 0
 
 
+MAX_RAISE = 10.0  # the most a raised metric may be asked to grow: 1000%
+
+
+def manifest_choices(targets: list[Target]) -> tuple[list[Any], list[Any]]:
+    """The probes and metrics of the targets' manifests, as choices grouped by target (and
+    probe): a goal or criterion names what the manifest declares, not free text."""
+    probes: list[Any] = []
+    metrics: list[Any] = []
+    for target in targets:
+        manifest = target.manifest()
+        if manifest is None:
+            continue
+        probes.append((target.name, [(p.name, p.name) for p in manifest.probes]))
+        metrics += [(f"{target.name} / {p.name}", [(m, m) for m in p.metrics])
+                    for p in manifest.probes]
+    return probes, metrics
+
+
+def offer_manifest_values(form: forms.BaseForm, targets: list[Target]) -> None:
+    """Probe and metric as selects of the manifests' values; a stored value the manifest no
+    longer declares is kept as a choice, so the form shows it and clean() names the problem."""
+    probes, metrics = manifest_choices(targets)
+    for name, groups in (("probe", probes), ("metric", metrics)):
+        if name not in form.fields:
+            continue
+        field = form.fields[name]
+        current = form.initial.get(name) or ""
+        offered = {value for _, options in groups for value, _ in options}
+        extra = [(current, f"{current} (not in the manifest)")] if current and \
+            current not in offered else []
+        # A select of text: a value the manifest lacks (a crafted post) reaches clean(),
+        # which names what the manifest lacks, rather than a bare "not a valid choice".
+        field.widget = forms.Select(choices=[("", "---------"), *extra, *groups])
+
+
 class GoalForm(forms.ModelForm):  # type: ignore[type-arg]
+    manifest_targets: list[Target] = []  # set per request by GoalAdmin.get_form
+
     class Meta:
         model = Goal
         fields = ["target", "name", "probe", "metric", "direction", "relative_target",
                   "absolute_target", "min_effect", "policy", "model_name", "owner", "auto_merge"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        offer_manifest_values(self, self.manifest_targets)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -308,8 +364,16 @@ class GoalForm(forms.ModelForm):  # type: ignore[type-arg]
             problem = metric_problem(target.manifest(), data["probe"], data.get("metric", ""))
             if problem:
                 self.add_error("metric" if "no metric" in problem else "probe", problem)
-        if data.get("relative_target") is not None and data["relative_target"] <= 0:
+        wanted = data.get("relative_target")
+        if wanted is not None and wanted <= 0:
             self.add_error("relative_target", "A wanted improvement is a positive fraction.")
+        elif wanted is not None and data.get("direction") == Goal.Direction.MINIMIZE and \
+                wanted >= 1:
+            self.add_error("relative_target", f"{wanted:.0%} lower is impossible: a lowered "
+                           "metric can fall by less than 100% (0.10 asks for 10% lower).")
+        elif wanted is not None and wanted > MAX_RAISE:
+            self.add_error("relative_target", f"{wanted:.0%} higher is not a goal a run can "
+                           f"reach; at most {MAX_RAISE:.0%} (0.10 asks for 10% higher).")
         return data
 
 
@@ -323,6 +387,29 @@ class GoalAdmin(HistoryKeptAdmin):
     list_select_related = ["target"]
     readonly_fields = ["current_version"]
     inline_nouns = {Boundary: "boundary", AcceptanceCriterion: "criterion"}
+
+    @admin.display(description="In one sentence")
+    def meaning(self, obj: Goal) -> str:
+        return obj.meaning() if obj.pk else "Saved goals say here what they ask for."
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["meaning", *super().get_readonly_fields(request, obj)]
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False,
+                 **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        setattr(form, "manifest_targets",  # noqa: B010 (a class made per request)
+                [obj.target] if obj is not None else
+                list(targets_with_role(request.user, ENGINEER)))
+        return form
+
+    def get_formsets_with_inlines(self, request: HttpRequest, obj: Any = None) -> Any:
+        for formset, inline in super().get_formsets_with_inlines(request, obj):
+            if inline.model is AcceptanceCriterion:
+                setattr(formset.form, "manifest_targets",  # noqa: B010 (a class made per request)
+                        [obj.target] if obj is not None else
+                        list(targets_with_role(request.user, ENGINEER)))
+            yield formset, inline
 
     def records_of(self, obj: Goal) -> dict[str, int]:
         return _goal_records(obj)

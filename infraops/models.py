@@ -146,6 +146,21 @@ class Goal(models.Model):
     def relative_target_percent(self) -> str:
         return f"{self.relative_target:.0%}" if self.relative_target is not None else ""
 
+    def meaning(self) -> str:
+        """The goal in one sentence: 'lower latency-bench.latency_ms by at least 10% against
+        the base, with 95% confidence, within 8 experiments'."""
+        verb = "lower" if self.direction == self.Direction.MINIMIZE else "raise"
+        said = f"{verb} {self.probe}.{self.metric}"
+        if self.relative_target:
+            said += f" by at least {self.relative_target:.0%} against the base"
+        if self.absolute_target is not None:
+            said += f"{',' if self.relative_target else ''} to {self.absolute_target:g} or better"
+        said += ", with 95% confidence"
+        boundary = getattr(self, "boundary", None) if self.pk else None
+        if boundary is not None:
+            said += f", within {boundary.max_experiments} experiments"
+        return said
+
     def better(self, candidate: float, baseline: float) -> bool:
         if self.direction == self.Direction.MINIMIZE:
             return candidate < baseline

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -250,3 +252,55 @@ def test_adding_a_reachable_target_clones_it_and_reads_its_manifest(
     assert target.clone_path.is_dir()
     assert target.manifest_errors == []
     assert target.manifest() is not None
+
+
+# --- the editor as users come for it: manifest values offered, absurd goals refused, the goal
+# said in a sentence, the site named as the product.
+
+def test_the_goal_form_offers_the_manifests_probes_and_metrics(
+        editor: Client, example_target: Target) -> None:
+    page = editor.get("/admin/infraops/goal/add/").content.decode()
+    probe = re.search(r'<select name="probe"[^>]*>(.*?)</select>', page, re.S)
+    metric = re.search(r'<select name="metric"[^>]*>(.*?)</select>', page, re.S)
+    assert probe and metric, "probe and metric are selects, not free text"
+    assert f'<optgroup label="{example_target.name}">' in probe.group(1)
+    assert '<option value="latency-bench">latency-bench</option>' in probe.group(1)
+    assert f'<optgroup label="{example_target.name} / latency-bench">' in metric.group(1)
+    assert '<option value="latency_ms">latency_ms</option>' in metric.group(1)
+    assert '<select name="criteria-__prefix__-probe"' in page  # the criteria's too
+
+
+@pytest.mark.parametrize(("direction", "wanted", "message"), [
+    ("minimize", "50", "5000% lower is impossible"),
+    ("minimize", "1", "100% lower is impossible"),
+    ("maximize", "50", "5000% higher is not a goal a run can reach"),
+])
+def test_an_absurd_wanted_improvement_is_refused(
+        editor: Client, example_target: Target, direction: str, wanted: str,
+        message: str) -> None:
+    response = editor.post("/admin/infraops/goal/add/", new_goal(
+        editor, example_target, direction=direction, relative_target=wanted))
+    assert response.status_code == 200 and message in response.content.decode()
+    assert not Goal.objects.exists()
+
+
+def test_zero_experiments_is_refused(editor: Client, example_target: Target) -> None:
+    response = editor.post("/admin/infraops/goal/add/", new_goal(
+        editor, example_target, **{"boundary-0-max_experiments": "0"}))
+    assert response.status_code == 200 and not Goal.objects.exists()
+    assert "errorlist" in response.content.decode()
+
+
+def test_a_saved_goal_says_in_a_sentence_what_it_asks(editor: Client,
+                                                      example_goal: Goal) -> None:
+    page = html.unescape(editor.get(
+        f"/admin/infraops/goal/{example_goal.pk}/change/").content.decode())
+    assert ("lower latency-bench.latency_ms by at least 10% against the base, with 95% "
+            "confidence, within 8 experiments") in page
+
+
+def test_the_editor_is_named_as_the_product_and_leads_back_to_the_dashboard(
+        editor: Client) -> None:
+    page = editor.get("/admin/").content.decode()
+    assert "InfraOps · admin editor" in page
+    assert '<a href="/">View site</a>' in page
