@@ -67,7 +67,7 @@ class _Plot:
 
     def svg(self) -> SafeString:
         # Numbers, fixed words, and texts passed through escape() above.
-        return mark_safe("".join(self.parts) + "</svg>")  # noqa: S308  # nosec B308
+        return mark_safe("".join(self.parts) + "</svg>")  # noqa: S308  # nosec
 
 
 def trial_points(trials: list[dict[str, Any]]) -> list[tuple[int, float | None]]:
