@@ -47,6 +47,19 @@ def test_an_engineer_runs_the_tuner_live_and_a_reviewer_approves_the_merge(
 
     events = page.locator("#run-events")
     expect(events).to_contain_text(re.compile(r"Experiment \d+ queued"), timeout=60_000)
+    # Another tab watches the first experiment to its end, without a reload: status, findings
+    # and the A/B chart arrive when it finishes (the socket has the page re-read its parts).
+    watched = Experiment.objects.order_by("pk").first()
+    assert watched is not None
+    watcher = page.context.new_page()
+    watcher.goto(f"{base}/experiments/{watched.pk}/")
+    watcher.evaluate("window.__notReloaded = true")
+    assert watcher.locator("#experiment-status").inner_text() in ("queued", "running")
+    expect(watcher.locator("#experiment-status")).to_have_text("succeeded", timeout=180_000)
+    expect(watcher.locator("ol.findings")).to_contain_text("latency_ms", timeout=30_000)
+    expect(watcher.locator("#chart-ab .main-svg").first).to_be_visible(timeout=30_000)
+    assert watcher.evaluate("window.__notReloaded") is True
+    watcher.close()
     expect(events).to_contain_text("Submitted the best configuration", timeout=180_000)
     expect(page.locator("#run-status")).to_have_text("succeeded")
     assert page.evaluate("window.__notReloaded") is True
@@ -110,3 +123,12 @@ def test_an_engineer_runs_the_tuner_live_and_a_reviewer_approves_the_merge(
     best = change.evidence["trials"]
     chosen = min((t for t in best if t.get("experiment")), key=lambda t: t["objective"])
     assert tomllib.loads(merged.decode())["batch_size"] == int(chosen["params"]["batch_size"])
+
+    # The goal's evolution: the base and the merged change, drawn with its interval.
+    page.goto(f"{base}/goals/{example_goal.pk}/")
+    expect(page.locator("svg.chart-svg circle")).to_have_count(2)
+    expect(page.locator("table").first).to_contain_text(f"change {change.pk}")
+    # The dashboard's line about the queue opens the queue.
+    page.goto(f"{base}/")
+    page.get_by_role("link", name=re.compile("awaiting review")).click()
+    expect(page).to_have_url(f"{base}/reviews/")
