@@ -220,16 +220,24 @@ def report(prefix: str, rows: Rows, stored: Rows) -> None:
     figure(f"{prefix}_matches_database", int(rows == stored), "bool")
 
 
-async def replay(port: int, run: AgentRun, cookie: str) -> None:
-    cuts = sorted(random.Random().sample(range(1, REPLAY_LINES), 5))
-    producer = asyncio.ensure_future(asyncio.to_thread(append_lines, run.pk, REPLAY_LINES, 0, 10))
-    reader = Reader(port, run.pk, cookie)
-    for cut in cuts:
+async def read_with_cuts(port: int, run_id: int, cookie: str, lines: int,
+                         cuts: int = 5) -> tuple[Reader, list[int]]:
+    """`lines` appended while a reader reads, its socket dropped after `cuts` random rows
+    and resumed each time; the reader (with every row it got) and the cut points."""
+    points = sorted(random.Random().sample(range(1, lines), cuts))
+    producer = asyncio.ensure_future(asyncio.to_thread(append_lines, run_id, lines, 0, 10))
+    reader = Reader(port, run_id, cookie)
+    for cut in points:
         await reader.read_through(lambda c=cut: c)  # type: ignore[misc]
         await reader.drop()
-    await reader.read_through(lambda: REPLAY_LINES)
+    await reader.read_through(lambda: lines)
     await reader.drop()
     await producer
+    return reader, points
+
+
+async def replay(port: int, run: AgentRun, cookie: str) -> None:
+    reader, cuts = await read_with_cuts(port, run.pk, cookie, REPLAY_LINES)
     seen = [seq for seq, _ in reader.rows]
     gaps = sum(1 for a, b in itertools.pairwise(seen) if b > a + 1)
     figure("ws_replay_disconnects", len(cuts) + reader.reconnects, "count")
