@@ -93,6 +93,13 @@ _MESSAGES = JoinedRead(RunMessage, "author", where="t0.run_id = %s",
                        order_by="t0.created_at, t0.id")
 
 
+def load_ledger(run: AgentRun) -> None:
+    """The run's ledger and messages, each with its authors in one query, where the page's
+    partials read them (run.hypotheses.all, run.messages.all)."""
+    give_related(run, "hypotheses", _HYPOTHESES.all(run.pk))
+    give_related(run, "messages", _MESSAGES.all(run.pk))
+
+
 def _get_run_for_user(request: HtmxHttpRequest, pk: int) -> AgentRun:
     return read_visible_or_404(RUN_READ, request, pk)
 
@@ -276,10 +283,7 @@ def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         after_step = cursor(request.GET["steps_after"])
         rows = _step_views(run.steps.order_by("number").filter(number__gt=after_step))
         return render(request, "agents/run.html#run-step-rows", {"run": run, "step_views": rows})
-    # The ledger and the messages are read through the run, as the socket's partial reads them,
-    # each with its authors in one query.
-    give_related(run, "hypotheses", _HYPOTHESES.all(run.pk))
-    give_related(run, "messages", _MESSAGES.all(run.pk))
+    load_ledger(run)
     after = cursor(request.GET.get("after"))
     context: dict[str, Any] = {
         "run": run, "worker_warning": _worker_warning(run),
