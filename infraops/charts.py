@@ -28,8 +28,10 @@ def error_vs_size(series: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         figure.add_trace(go.Scatter(
             x=[p[0] for p in points], y=[max(p[1], 1e-30) for p in points],
             mode="lines+markers", name=f"{item.get('label', '')} ({item.get('metric', '')})"))
-    figure.update_layout(title="Error versus size", xaxis={"type": "log", "title": "size"},
-                         yaxis={"type": "log", "title": "error"}, **LAYOUT)
+    figure.update_layout(title="Error versus size",
+                         xaxis={"type": "log", "title": "case size (elements)"},
+                         yaxis={"type": "log", "title": "error against the reference (absolute "
+                                "or relative, as each line's label says)"}, **LAYOUT)
     return _plain(figure)
 
 
@@ -46,8 +48,12 @@ def ab_distributions(groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 values.append(float(value))
         figure.add_trace(go.Box(x=labels, y=values, name=side, boxpoints="all",
                                 marker_color=colour))
+    units = sorted({str(g.get("unit") or "") for g in groups} - {""})
+    # One axis for every compared metric: its unit when they share one, else each label's.
+    y_title = f"value ({units[0]})" if len(units) == 1 else "value, in each metric's own unit"
     figure.update_layout(title="Baseline and candidate, one point per execution",
-                         boxmode="group", **LAYOUT)
+                         boxmode="group", xaxis={"title": "metric"}, yaxis={"title": y_title},
+                         **LAYOUT)
     return _plain(figure)
 
 

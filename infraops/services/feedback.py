@@ -109,7 +109,8 @@ def experiment_feedback(experiment: Experiment, manifest: Manifest,
         findings += _left_behind(left_behind or {})
         findings += _performance(probes, samples, seed=experiment.pk,
                                  margin=_Margin(experiment.margin, experiment.margin_metric))
-        context.extras["distributions"] = _distributions(samples)
+        units = {(r.probe, r.variant, r.metric, r.case): r.unit for r in rows if r.unit}
+        context.extras["distributions"] = _distributions(samples, units)
         for probe in probes:
             findings += _correctness(context, probe)
             findings += behaviour_findings(probe, context.runs, context.extras)
@@ -271,12 +272,16 @@ def _performance(probes: list[Probe], samples: dict[SampleKey, list[float]], *, 
     return found
 
 
-def _distributions(samples: dict[SampleKey, list[float]], limit: int = 8
+def _distributions(samples: dict[SampleKey, list[float]],
+                   units: dict[tuple[str, str, str, str], str] | None = None, limit: int = 8
                    ) -> list[dict[str, Any]]:
-    """Per compared key, both sides' per-execution values (for the A/B chart)."""
+    """Per compared key, both sides' per-execution values and their unit (for the A/B
+    chart)."""
     keys = sorted({key[:4] for key in samples})[:limit]
+    units = units or {}
     return [{"label": " ".join(filter(None, (probe, f"[{variant}]" if variant else "", metric,
                                               case))),
+             "unit": units.get((probe, variant, metric, case), ""),
              "baseline": samples.get((probe, variant, metric, case, "baseline"), []),
              "candidate": samples.get((probe, variant, metric, case, "candidate"), [])}
             for probe, variant, metric, case in keys]
