@@ -1,5 +1,6 @@
 """Runs on pages of the core app (whose Python does not import agents): a target's recent
-runs, and the run already active on a goal; and a run's chart of trials."""
+runs, the run already active on a goal, the runs and changes of an experiment; and a run's
+chart of trials."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from django.utils.safestring import SafeString
 
 from agents.charts import trials_svg
 from agents.models import AgentRun
-from infraops.models import Goal, Target
+from infraops.models import Experiment, Goal, Target
+from reviews.models import Change
 
 register = template.Library()
 
@@ -22,6 +24,15 @@ def target_runs(target: Target) -> dict[str, Any]:
     runs = (AgentRun.objects.filter(target=target)
             .select_related("goal_version__goal__target", "started_by")[:20])
     return {"runs": runs}
+
+
+@register.inclusion_tag("agents/experiment_links.html")
+def experiment_links(experiment: Experiment) -> dict[str, Any]:
+    """The runs that asked for the experiment and the changes it is the evidence of."""
+    return {"runs": list(AgentRun.objects.filter(experiments=experiment)
+                         .order_by("pk").values_list("pk", flat=True)[:20]),
+            "changes": list(Change.objects.filter(experiment=experiment)
+                            .order_by("pk").values_list("pk", "title")[:20])}
 
 
 @register.simple_tag

@@ -12,6 +12,7 @@ from django.test import Client
 from django.utils import timezone
 
 from agents.goals import evolution, spec_changes
+from agents.models import AgentRun
 from infraops.models import Experiment, Goal
 from infraops.services.goals import goal_snapshot
 from reviews.models import Change
@@ -100,3 +101,20 @@ def test_spec_changes_name_added_removed_and_changed_settings() -> None:
         "added criteria[2].name: b"]
     assert spec_changes(before, before) == ["no setting changed"]
     assert spec_changes(None, after) == ["the first version"]
+
+
+def test_an_experiment_page_links_its_runs_and_the_change_it_is_the_evidence_of(
+        client: Client, engineer: User, example_goal: Goal) -> None:
+    change = merged_change(example_goal, 1, 10.0, 9.0, (0.85, 0.95))
+    experiment = change.experiment
+    assert experiment is not None
+    run = AgentRun.objects.create(
+        goal_version=example_goal.versions.latest("number"), target=example_goal.target,
+        policy="tuner", started_by=engineer, base_commit="a" * 40, manifest_sha256="b" * 64)
+    run.experiments.add(experiment)
+    client.force_login(engineer)
+
+    page = client.get(f"/experiments/{experiment.pk}/").content.decode()
+
+    assert f'Asked by <a href="/runs/{run.pk}/">run {run.pk}</a>.' in page
+    assert f'The evidence of <a href="/reviews/changes/{change.pk}/">change {change.pk}</a>' in page
