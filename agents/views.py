@@ -20,7 +20,7 @@ from django.views.decorators.http import require_POST
 
 from agents import services
 from agents.charts import evolution_svg
-from agents.goals import evolution, spec_changes
+from agents.goals import evolution
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
 from agents.templatetags.agent_runs import ACTIVE
 from infraops.access import (
@@ -36,6 +36,7 @@ from infraops.live import cursor
 from infraops.models import Experiment, Goal, Target
 from infraops.ratelimit import START_RUN, throttled
 from infraops.reads import JoinedRead, give_related
+from infraops.services.goals import spec_changes
 from infraops.workers import missing_worker_message
 from reviews.live import awaiting_count
 from reviews.models import Change

@@ -35,7 +35,7 @@ from infraops.models import (
 from infraops.roles import ENGINEER
 from infraops.services.admin_audit import audit_form_save, formset_save_audited, record_values
 from infraops.services.audit import audit_record
-from infraops.services.goals import goal_snapshot, metric_problem
+from infraops.services.goals import goal_snapshot, metric_problem, spec_changes
 from infraops.services.targets import repo_check, target_clone, target_refresh_manifest
 
 # The admin is the product's editor: its name, and a way back to the dashboard.
@@ -437,8 +437,17 @@ class GoalVersionAdmin(TargetScopedAdmin, RecordAdmin):
     target_path = "goal__target"
     list_display = ["goal", "number", "created_by", "created_at"]
     list_select_related = ["goal__target", "created_by"]
-    fields = ["goal", "number", "spec", "created_by", "created_at"]
-    readonly_fields = ["created_at"]  # not editable: a form cannot list it
+    fields = ["goal", "number", "changed", "spec", "created_by", "created_at"]
+    readonly_fields = ["created_at", "changed"]  # not editable: a form cannot list them
+
+    @admin.display(description="What it changed")
+    def changed(self, obj: GoalVersion) -> str:
+        """Against the version before, one setting a line (not the raw JSON below)."""
+        if obj.pk is None:
+            return ""
+        before = (GoalVersion.objects.filter(goal_id=obj.goal_id, number__lt=obj.number)
+                  .order_by("-number").values_list("spec", flat=True).first())
+        return "\n".join(spec_changes(before, obj.spec))
 
 
 @admin.register(Experiment)

@@ -67,3 +67,38 @@ def goal_snapshot(*, goal: Goal, user: User | None = None) -> GoalVersion:
         goal.current_version = version.number
         audit_record(actor=user, action="goal.version", obj=locked, data={"number": version.number})
     return version
+
+
+def _flat(spec: Any, prefix: str = "") -> dict[str, str]:
+    if isinstance(spec, dict):
+        flat: dict[str, str] = {}
+        for key, value in spec.items():
+            if key == "id":
+                continue
+            flat |= _flat(value, f"{prefix}.{key}" if prefix else str(key))
+        return flat
+    if isinstance(spec, list) and all(not isinstance(v, dict | list) for v in spec):
+        return {prefix: ", ".join(str(v) for v in spec) or "none"}
+    if isinstance(spec, list):
+        flat = {}
+        for index, value in enumerate(spec, 1):
+            flat |= _flat(value, f"{prefix}[{index}]")
+        return flat
+    return {prefix: "none" if spec in (None, "") else str(spec)}
+
+
+def spec_changes(before: dict[str, Any] | None, after: dict[str, Any]) -> list[str]:
+    """What a goal version changed against the one before, one line a setting:
+    'boundary.max_experiments: 8 → 12'; 'added criteria[2].name: …'."""
+    if before is None:
+        return ["the first version"]
+    old, new = _flat(before), _flat(after)
+    lines = []
+    for key in sorted(old.keys() | new.keys()):
+        if key not in old:
+            lines.append(f"added {key}: {new[key]}")
+        elif key not in new:
+            lines.append(f"removed {key} (was {old[key]})")
+        elif old[key] != new[key]:
+            lines.append(f"{key}: {old[key]} → {new[key]}")
+    return lines or ["no setting changed"]

@@ -11,10 +11,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from agents.goals import evolution, spec_changes
+from agents.goals import evolution
 from agents.models import AgentRun
 from infraops.models import Experiment, Goal
-from infraops.services.goals import goal_snapshot
+from infraops.services.goals import goal_snapshot, spec_changes
 from reviews.models import Change
 
 pytestmark = pytest.mark.django_db

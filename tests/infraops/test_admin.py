@@ -13,6 +13,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from infraops.models import AcceptanceCriterion, Boundary, Goal, GoalVersion, Target
+from infraops.services.goals import goal_snapshot
 from tests.conftest import make_origin
 
 
@@ -304,3 +305,16 @@ def test_the_editor_is_named_as_the_product_and_leads_back_to_the_dashboard(
     page = editor.get("/admin/").content.decode()
     assert "InfraOps · admin editor" in page
     assert '<a href="/">View site</a>' in page
+
+
+def test_a_goal_version_says_what_it_changed_before_its_raw_spec(
+        editor: Client, example_goal: Goal, engineer: User) -> None:
+    example_goal.boundary.max_experiments = 12
+    example_goal.boundary.save()
+    version = goal_snapshot(goal=example_goal, user=engineer)
+
+    page = html.unescape(editor.get(
+        f"/admin/infraops/goalversion/{version.pk}/change/").content.decode())
+
+    assert "What it changed" in page and "boundary.max_experiments: 8 → 12" in page
+    assert page.index("boundary.max_experiments: 8 → 12") < page.index('"max_experiments"')
