@@ -16,7 +16,7 @@ joined with LEFT JOIN and reads as None where the row has none, as select_relate
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 from django.db import connections, router
 from django.db.models import ForeignKey, Model, QuerySet
@@ -149,11 +149,13 @@ class JoinedRead(Generic[M]):
 
 def give_related(instance: Model, name: str, rows: list[Any]) -> None:
     """Make `instance.<name>.all()` answer `rows` without a query, as prefetch_related leaves
-    a reverse relation: the rows a JoinedRead read, in its order."""
+    a reverse relation: the rows a JoinedRead read, in its order. The cached queryset is the
+    relation's own, so anything chained on it (a filter, an order) asks the database, as
+    after prefetch_related."""
     relation = instance._meta.get_field(name)
-    related = cast(type[Model], relation.related_model)
-    cached: QuerySet[Any] = related._default_manager.none()  # an empty query, cheap to make
+    cache = instance.__dict__.setdefault("_prefetched_objects_cache", {})
+    cache.pop(relation.cache_name, None)  # type: ignore[union-attr]
+    cached: QuerySet[Any] = getattr(instance, name).get_queryset()
     cached._result_cache = rows  # what prefetch_related sets
     cached._prefetch_done = True  # type: ignore[attr-defined]
-    cache = instance.__dict__.setdefault("_prefetched_objects_cache", {})
     cache[relation.cache_name] = cached  # type: ignore[union-attr]

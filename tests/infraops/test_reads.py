@@ -106,6 +106,9 @@ def test_given_rows_answer_the_relation_without_a_query(example_goal: Goal,
     with CaptureQueriesContext(connection) as queries:
         assert [m.text for m in read.messages.all()] == ["try 8"]
     assert len(queries) == 0
+    # Chained on, it is the relation's own query again, as after prefetch_related.
+    assert [m.text for m in read.messages.all().filter(text="try 8")] == ["try 8"]
+    assert list(read.messages.filter(text="other")) == []
 
 
 # The user backend's statement and the session store.
