@@ -243,7 +243,8 @@ def test_a_redis_outage_mid_step_keeps_the_worker_and_the_run_and_refuses_new_ru
 
     # A run started now is refused with the reason, and nothing of it is left behind.
     page.goto(f"{system.base}/targets/{llm_goal.target.name}/")
-    page.get_by_role("button", name="Start a run").click()
+    # The first run is active on the goal, so the page offers another one knowingly.
+    page.get_by_role("button", name="Start another run").click()
     expect(page.get_by_text(re.compile(
         r"the task queue \(Redis\) is not answering; nothing was started", re.I))).to_be_visible(
         timeout=30_000)
@@ -263,7 +264,7 @@ def test_a_redis_outage_mid_step_keeps_the_worker_and_the_run_and_refuses_new_ru
     assert "Unrecoverable error" not in system.worker_log()
     # And the queue takes new runs again.
     page.goto(f"{system.base}/targets/{llm_goal.target.name}/")
-    page.get_by_role("button", name="Start a run").click()
+    page.get_by_role("button", name="Start another run").click()
     expect(page).to_have_url(re.compile(r"/runs/\d+/$"), timeout=30_000)
     assert AgentRun.objects.count() == 2
 
