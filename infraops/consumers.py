@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from importlib import import_module
 from typing import Any
 
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 
 BATCH = 200
 RECHECK_SECONDS = 2.0  # a revoked session or role closes the socket within this (plus a query)
+SEND_RECHECK_SECONDS = 1.0  # a frame goes out at most this long after a passing check
 MAX_CLIENT_FRAME = 64 * 1024  # bytes; the pages send {"after": n}
 MAX_SERVER_FRAME = 256 * 1024  # bytes of one frame the server sends
 
@@ -69,6 +71,7 @@ class GuardedConsumer(AsyncWebsocketConsumer):
     session_key: str | None = None
     _watch_task: asyncio.Task[None] | None = None
     _closing = False
+    _allowed_at = float("-inf")  # when the last check let the socket stay
 
     def may_view(self, user: Any) -> bool:
         """The object-level check (the socket's object exists and the user sees its target:
@@ -117,6 +120,7 @@ class GuardedConsumer(AsyncWebsocketConsumer):
         if denied is not None:
             await self.close(code=CLOSE_FORBIDDEN)
             return False
+        self._allowed_at = time.monotonic()
         await self.accept()
         self._watch_task = asyncio.create_task(self._watch())
         return True
@@ -138,6 +142,7 @@ class GuardedConsumer(AsyncWebsocketConsumer):
             log.exception("websocket access re-check failed")
             return True
         if denied is None:
+            self._allowed_at = time.monotonic()
             return True
         await self._close_once(denied)
         return False
@@ -148,8 +153,14 @@ class GuardedConsumer(AsyncWebsocketConsumer):
             await self.close(code=code)
 
     async def guarded_send(self, text: str) -> bool:
-        """Send a frame if the socket may still have it. False when it was closed instead."""
-        if not await self.still_allowed():
+        """Send a frame if the socket may still have it. False when it was closed instead.
+        The check is the one of the last SEND_RECHECK_SECONDS when there was one: checked
+        before every frame, ten watchers of a log at 50 lines/s spent as much of the web
+        process on re-reading sessions and roles as on the rows (bench/stream.py)."""
+        if self._closing:
+            return False
+        if time.monotonic() - self._allowed_at > SEND_RECHECK_SECONDS and \
+                not await self.still_allowed():
             return False
         if _frame_bytes(text) > MAX_SERVER_FRAME:  # the callers keep under it; never send one
             log.error("refused to send a %d-byte websocket frame", _frame_bytes(text))

@@ -171,6 +171,44 @@ def test_a_socket_whose_user_keeps_session_and_role_stays_open_and_streaming(
     assert rows == [3]
 
 
+@sockets
+def test_frames_in_a_burst_share_one_check_of_session_and_role(
+    run: AgentRun, viewer: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each frame is sent within SEND_RECHECK_SECONDS of a passing check, not after a check
+    of its own: a burst of rows costs the database no session and role reads per frame."""
+    _, headers = signed_in(viewer)
+    checks: list[float] = []
+    real = consumers_module.GuardedConsumer._access
+
+    def counted(self: Any) -> int | None:
+        checks.append(time.monotonic())
+        return real(self)
+
+    monkeypatch.setattr(consumers_module.GuardedConsumer, "_access", counted)
+    append = sync_to_async(run_event)
+
+    async def scenario() -> list[int]:
+        communicator = await open_socket(run.pk, headers)
+        await communicator.send_json_to({"after": 2})
+        got: list[int] = []
+        for n in range(20):
+            await append(run_id=run.pk, kind="step", message=f"Step {n}.")
+            got += seqs(str(await communicator.receive_from(timeout=TIMEOUT)))
+        await communicator.disconnect()
+        return got
+
+    began = time.monotonic()
+    rows = run_async(scenario)
+    took = time.monotonic() - began
+
+    assert rows == list(range(3, 23))
+    # The connect's check, the watch's every RECHECK_SECONDS and at most one a second more.
+    allowed = 1 + took / consumers_module.RECHECK_SECONDS + \
+        took / consumers_module.SEND_RECHECK_SECONDS + 1
+    assert len(checks) <= allowed, (len(checks), took)
+
+
 # --- 2. Origin: scheme, host and port ------------------------------------------------------
 
 
