@@ -50,11 +50,13 @@ class RunConsumer(SequencedLogConsumer):
         return int(last or 0)
 
     def render_after(self, after: int, limit: int = BATCH) -> tuple[str, int]:
-        # Announced rows another watcher has rendered already: no database at all.
+        # Announced rows another watcher has rendered already (as of that number or later):
+        # no database at all.
         if self.roles is not None and self.notified > after:
-            frame = FRAMES.get((self.object_id, after, limit, self.notified, self.roles))
-            if frame is not None:
-                return frame
+            latest: tuple[int, tuple[str, int]] | None = LATEST.get(
+                (self.object_id, after, limit, self.roles))
+            if latest is not None and latest[0] >= self.notified:
+                return latest[1]
         run = RUN_READ.get(self.object_id)
         if run is None or run.event_seq <= after:
             return "", after  # every row up to event_seq is committed with it: none is new
@@ -63,8 +65,9 @@ class RunConsumer(SequencedLogConsumer):
         key = (run.pk, after, limit, run.event_seq, run.status, run.step_count,
                run.experiment_count, run.tokens_used, str(run.cost_usd), run.stop_reason,
                run.provider_failing_since, run.finished_at, self.roles)
-        if (frame := FRAMES.get(key)) is not None:
-            return frame
+        cached: tuple[str, int] | None = FRAMES.get(key)
+        if cached is not None:
+            return cached
         events = list(RunEvent.objects.filter(run_id=self.object_id, seq__gt=after)
                       .order_by("seq")[:limit])
         if not events:
@@ -74,8 +77,9 @@ class RunConsumer(SequencedLogConsumer):
                                 {"run": run, "events": events, "target_roles": set(self.roles)})
         frame = (html, events[-1].seq)
         FRAMES.put(key, frame)
-        # As announced: the watchers a notification of event_seq wakes find it by that number.
-        FRAMES.put((run.pk, after, limit, run.event_seq, self.roles), frame)
+        # For the watchers a notification wakes: the newest frame after `after`, with the
+        # row number it was read at; one announced up to that number or before takes it.
+        LATEST.put((run.pk, after, limit, self.roles), (run.event_seq, frame))
         return frame
 
 
@@ -85,24 +89,25 @@ class Frames:
     reads and a render through the consumers' one database thread, and a line took 0.3 to 0.7 s
     to reach them (bench/stream.py). A frame is kept under everything it shows: the rows after
     `after` (fixed once event_seq says they exist: events are append-only), the run's counters,
-    status and stop reason, and the viewer's roles; and under the row number alone, for the
-    watchers a notification of that number wakes (every change of state is an event of its
-    own, so the number says the state). Kept FRAME_SECONDS at most, so the wall time shown
-    stays near now."""
+    status and stop reason, and the viewer's roles; and, for the watchers a notification wakes,
+    as the newest frame after `after` with the row number it was read at (every change of
+    state is an event of its own, so the number says the state): a frame read at the announced
+    number or later serves. Kept
+    FRAME_SECONDS at most, so the wall time shown stays near now."""
 
     def __init__(self, kept: int = 256) -> None:
-        self._frames: OrderedDict[tuple[Any, ...], tuple[float, tuple[str, int]]] = OrderedDict()
+        self._frames: OrderedDict[tuple[Any, ...], tuple[float, Any]] = OrderedDict()
         self._kept = kept
         self._lock = threading.Lock()
 
-    def get(self, key: tuple[Any, ...]) -> tuple[str, int] | None:
+    def get(self, key: tuple[Any, ...]) -> Any:
         with self._lock:
             found = self._frames.get(key)
             if found is None or time.monotonic() - found[0] > FRAME_SECONDS:
                 return None
             return found[1]
 
-    def put(self, key: tuple[Any, ...], frame: tuple[str, int]) -> None:
+    def put(self, key: tuple[Any, ...], frame: Any) -> None:
         with self._lock:
             self._frames[key] = (time.monotonic(), frame)
             while len(self._frames) > self._kept:
@@ -110,4 +115,5 @@ class Frames:
 
 
 FRAME_SECONDS = 5.0
-FRAMES = Frames()
+FRAMES = Frames()  # (html, last row) under everything the frame shows
+LATEST = Frames()  # (row number read at, (html, last row)) under the rows' start and roles

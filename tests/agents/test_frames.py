@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from agents.consumers import FRAMES, RunConsumer
+from agents.consumers import FRAMES, LATEST, RunConsumer
 from agents.events import run_event
 from agents.models import AgentRun
 from infraops.models import Goal
@@ -39,6 +39,7 @@ def run(example_goal: Goal, engineer: User) -> AgentRun:
 def test_watchers_of_one_run_share_a_frame_and_new_rows_make_a_new_one(
         run: AgentRun, viewer: User, engineer: User) -> None:
     FRAMES._frames.clear()
+    LATEST._frames.clear()
     first, second = consumer_of(viewer, run), consumer_of(viewer, run)
     html, last = first.render_after(0)
     with CaptureQueriesContext(connection) as queries:
@@ -54,6 +55,7 @@ def test_watchers_of_one_run_share_a_frame_and_new_rows_make_a_new_one(
 
 def test_a_state_change_without_a_row_is_a_new_frame(run: AgentRun, viewer: User) -> None:
     FRAMES._frames.clear()
+    LATEST._frames.clear()
     before, _ = consumer_of(viewer, run).render_after(0)
     AgentRun.objects.filter(pk=run.pk).update(status=AgentRun.Status.PAUSED)
     after, _ = consumer_of(viewer, run).render_after(0)
@@ -69,6 +71,7 @@ def test_nothing_new_reads_no_rows(run: AgentRun, viewer: User) -> None:
 def test_a_watcher_woken_by_a_notice_takes_the_frame_another_rendered_without_a_query(
         run: AgentRun, viewer: User) -> None:
     FRAMES._frames.clear()
+    LATEST._frames.clear()
     first, second = consumer_of(viewer, run), consumer_of(viewer, run)
     first.render_after(0)
     second.render_after(0)  # each has read its roles once
