@@ -18,8 +18,8 @@ to 0.62-0.66 s (13.5-15.5 ms of web CPU a request). On 2026-12-02's machine: 0.8
 one thread of a fixed pool (infraops/asgi.py): 0.71-0.77 s, 17-18 ms. Then the reads every
 page makes as statements built once per process (session, user, roles, the review count, the
 page's main object with its relations: infraops/reads.py) and server-side prepared statements
-(PostgreSQL's planning of the joined reads had competed for the second core): 0.24-0.26 s at
-150-180 requests/s, 5.3-5.9 ms of web CPU a request.
+(PostgreSQL's planning of the joined reads had competed for the second core): 0.24-0.29 s at
+150-180 requests/s, 5.2-6.2 ms of web CPU a request.
 
 Figures: http_p95_ms_30_clients (target <= 300) and http_error_rate_30_clients (target 0: any
 status but 200, or no answer); to tell where time goes: http_median_ms_30_clients,
