@@ -339,10 +339,10 @@ def _submit(run: AgentRun, trials: list[dict[str, Any]], spec: dict[str, Any]) -
     improvement = (1 - best["objective"]) * 100
     change = submit_change(
         run, title=f"Tune {shown(best['params'])}",
-        hypothesis=(f"Setting {best['params']} improves {spec['probe']}.{spec['metric']} "
+        hypothesis=(f"Setting {shown(best['params'])} improves {spec['probe']}.{spec['metric']} "
                     f"({spec['direction']}) by {improvement:.1f}% over the base configuration."),
         experiment=experiment, head_commit=best["commit"], evidence={"trials": trials})
-    text = f"Submitted the best configuration {best['params']} as change {change.pk}."
+    text = f"Submitted the best configuration {shown(best['params'])} as change {change.pk}."
     return StepOutcome(text, "submit_change",
                        _call("submit_change", {"params": best["params"]}, True, text,
                              {"change": change.pk}),

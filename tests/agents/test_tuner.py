@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from agents.policies.tuner import Trial, objective, space_size, suggest
+from agents.policies.tuner import Trial, objective, shown, space_size, suggest
 from infraops.manifest import Knob
 
 BATCH = Knob("batch_size", "config/serving.toml", r"^batch_size = (\d+)$",
@@ -128,3 +128,8 @@ def test_objective_is_oriented_so_that_lower_is_better(
     value = objective(candidate=candidate, baseline=baseline, direction=direction)
 
     assert value == (pytest.approx(expected) if expected is not None else None)
+
+
+def test_a_configuration_is_shown_as_people_write_it() -> None:
+    assert shown({"batch_size": "8", "workers": "2"}) == "batch_size=8, workers=2"
+    assert shown({}) == "the base"

@@ -98,6 +98,9 @@ def test_an_engineer_runs_the_tuner_live_and_a_reviewer_approves_the_merge(
 
     change = Change.objects.get()
     assert change.status == Change.Status.PENDING_REVIEW
+    # Configurations are written as people write them, never as Python dicts.
+    assert not run.events.filter(message__contains="{'").exists()
+    assert "{'" not in change.title + change.hypothesis
     assert "production" in change.risk_categories
     page.get_by_role("link", name=f"open change {change.pk}").first.click()
     expect(page.locator("table.diff")).to_contain_text("batch_size")
