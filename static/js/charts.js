@@ -8,7 +8,10 @@ function drawCharts(root) {
     const target = document.getElementById(source.id.slice(0, -"-figure".length));
     if (!target || target.dataset.drawn) continue;
     const figure = JSON.parse(source.textContent);
-    window.Plotly.newPlot(target, figure.data, figure.layout, { displaylogo: false, responsive: true });
+    // topojsonURL: plotly's default names its CDN (for geo traces, not in this bundle); ours
+    // points at our own files, so nothing of the page could ever reach for a CDN.
+    window.Plotly.newPlot(target, figure.data, figure.layout,
+      { displaylogo: false, responsive: true, topojsonURL: "/static/vendor/plotly/" });
     target.dataset.drawn = "1";
   }
 }
