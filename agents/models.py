@@ -63,6 +63,11 @@ class AgentRun(models.Model):
     def __str__(self) -> str:
         return f"run {self.pk}"
 
+    @classmethod
+    def active_statuses(cls) -> tuple[str, ...]:
+        """A run still going (or waiting to be resumed): a second one on its goal competes."""
+        return (cls.Status.RUNNING, cls.Status.PAUSED)
+
     @property
     def is_finished(self) -> bool:
         return self.status in (self.Status.SUCCEEDED, self.Status.FINISHED, self.Status.FAILED,

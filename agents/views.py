@@ -22,7 +22,6 @@ from agents import services
 from agents.charts import evolution_svg
 from agents.goals import evolution
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
-from agents.templatetags.agent_runs import ACTIVE
 from infraops.access import (
     HtmxHttpRequest,
     get_visible_or_404,
@@ -110,7 +109,8 @@ def run_start(request: HtmxHttpRequest, goal_id: int) -> HttpResponse:
     goal = get_visible_or_404(Goal.objects.select_related("target"), request, pk=goal_id)
     if (refused := throttled(request, START_RUN)) is not None:
         return refused
-    others = list(AgentRun.objects.filter(goal_version__goal=goal, status__in=ACTIVE)
+    others = list(AgentRun.objects.filter(goal_version__goal=goal,
+                                          status__in=AgentRun.active_statuses())
                   .order_by("-pk").values_list("pk", flat=True))
     try:
         run = services.run_start(goal=goal, user=request.user)
@@ -262,9 +262,9 @@ def _step_rows(run: AgentRun) -> SafeString:
     """The steps' rows, each the `run-step` partial rendered once per process: a step is
     written once (agents.services._record) and its row shows only the step and its
     experiment's status, which the key names (and the run's creation, as for the log)."""
-    with connections[router.db_for_read(Step)].cursor() as cursor:
-        cursor.execute(_STEP_KEYS, [run.pk])
-        shown = cursor.fetchall()
+    with connections[router.db_for_read(Step)].cursor() as db:
+        db.execute(_STEP_KEYS, [run.pk])
+        shown = db.fetchall()
     created = run.created_at.timestamp()
 
     def fetch(pks: set[int]) -> Iterable[tuple[int, dict[str, Any]]]:

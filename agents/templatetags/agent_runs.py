@@ -16,8 +16,6 @@ from reviews.models import Change
 
 register = template.Library()
 
-ACTIVE = (AgentRun.Status.RUNNING, AgentRun.Status.PAUSED)
-
 
 @register.inclusion_tag("agents/target_runs.html")
 def target_runs(target: Target) -> dict[str, Any]:
@@ -38,8 +36,9 @@ def experiment_links(experiment: Experiment) -> dict[str, Any]:
 @register.simple_tag
 def active_run(goal: Goal) -> AgentRun | None:
     """The goal's running or paused run, if any: a second one would compete with it."""
-    return AgentRun.objects.filter(goal_version__goal=goal, status__in=ACTIVE).order_by(
-        "-created_at").first()
+    return (AgentRun.objects.filter(goal_version__goal=goal,
+                                    status__in=AgentRun.active_statuses())
+            .order_by("-created_at").first())
 
 
 @register.filter
