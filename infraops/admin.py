@@ -1,7 +1,8 @@
 """The admin editor: targets, and goals with their boundary and criteria inline.
 
-Validation speaks plain words: an unreachable repository, an unknown probe or metric, an
-invalid glob. Saving a goal records a new GoalVersion; runs keep the version they pinned.
+Validation speaks plain words: an unreachable repository, an unknown probe or metric, a
+variant cell the probe lacks, an invalid glob, an absurd target, bound or budget. Saving a
+goal records a new GoalVersion; runs keep the version they pinned.
 
 Records stay records: versions, experiments, runs, changes, decisions and audit entries are
 view only here (RecordAdmin, RecordInline), and a target or goal with any of them cannot be
@@ -16,12 +17,14 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.models import User
+from django.core.validators import MinValueValidator
 from django.db.models import Count, QuerySet
 from django.forms.models import BaseInlineFormSet, BaseModelFormSet
 from django.http import Http404, HttpRequest, HttpResponse
 
 from infraops.access import NOT_FOUND, has_target_role, scoped, targets_with_role
 from infraops.errors import DomainError
+from infraops.manifest import Manifest, Probe
 from infraops.models import (
     AcceptanceCriterion,
     AuditEntry,
@@ -31,6 +34,8 @@ from infraops.models import (
     GoalVersion,
     Target,
     TargetMembership,
+    parse_variant,
+    variant_key,
 )
 from infraops.roles import ENGINEER
 from infraops.services.admin_audit import audit_form_save, formset_save_audited, record_values
@@ -272,11 +277,64 @@ class TargetAdmin(HistoryKeptAdmin):
                               + "; ".join(target.manifest_errors), messages.WARNING)
 
 
+class BoundaryForm(forms.ModelForm):  # type: ignore[type-arg]
+    """A budget's floor is the model's, in its words ("An experiment budget is at least 1
+    experiment."). The form field's own floor of a PositiveIntegerField, 0, would answer -3
+    with "greater than or equal to 0": unclear, and wrong, as 0 is refused too. The model
+    field keeps a floor whatever it declares, so none is lost."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for field in self.fields.values():
+            if getattr(field, "min_value", None) is not None:
+                field.validators = [v for v in field.validators
+                                    if not isinstance(v, MinValueValidator)]
+
+
 class BoundaryInline(admin.StackedInline):  # type: ignore[type-arg]
     model = Boundary
+    form = BoundaryForm
     can_delete = False
     min_num = 1
     max_num = 1
+
+
+MAX_RAISE = 10.0  # the most a raised metric may be asked to grow: 1000%
+MAX_CELLS_NAMED = 12  # an error lists at most this many of a probe's variant cells
+
+
+def variant_cells(probe: Probe) -> list[str]:
+    """The probe's variant cells as variant_key spells them (the text samples are stored
+    under), without the default cell '' of a probe with no variants: the blank choice is it."""
+    return [cell for cell in map(variant_key, probe.variant_matrix()) if cell]
+
+
+def canonical_variant(text: str) -> str:
+    """'b=2, a=1' -> 'a=1,b=2', so a cell written by hand before the editor offered choices
+    still selects its choice. Text that is no variant, or names a key twice (parsing would
+    keep one value silently), is returned as written, for clean() to name what is wrong."""
+    try:
+        parsed = parse_variant(text)
+    except ValueError:
+        return text
+    written = [part for part in text.split(",") if part.strip()]
+    return variant_key(parsed) if len(parsed) == len(written) else text
+
+
+def variant_problem(manifest: Manifest | None, probe: str, variant: str) -> str | None:
+    """Why `variant` is no cell of the probe's variant matrix, in words; None when it is, or
+    when it is blank (every cell). A criterion on any other text would never be measured.
+    An unknown probe is metric_problem's to name."""
+    found = manifest.probe(probe) if manifest is not None else None
+    if not variant or found is None:
+        return None
+    cells = variant_cells(found)
+    if variant in cells:
+        return None
+    if not cells:
+        return f"Probe {probe!r} declares no variants: leave this blank (its one cell)."
+    named = ", ".join(cells[:MAX_CELLS_NAMED]) + (", ..." if len(cells) > MAX_CELLS_NAMED else "")
+    return f"Probe {probe!r} has no variant cell {variant!r} (its cells: {named})."
 
 
 class CriterionFormSet(BaseInlineFormSet):  # type: ignore[type-arg]
@@ -290,9 +348,31 @@ class CriterionFormSet(BaseInlineFormSet):  # type: ignore[type-arg]
             data = getattr(form, "cleaned_data", None)
             if not data or data.get("DELETE") or not data.get("probe"):
                 continue
-            problem = metric_problem(manifest, data["probe"], data.get("metric", ""))
+            # add_error takes a field out of cleaned_data: read them all first.
+            probe, metric = data["probe"], data.get("metric", "")
+            cells = {name: data.get(name, "") for name in ("variant", "reference_variant")}
+            problem = metric_problem(manifest, probe, metric)
             if problem:
                 form.add_error("metric" if "no metric" in problem else "probe", problem)
+            for name, cell in cells.items():
+                problem = variant_problem(manifest, probe, cell)
+                if problem:
+                    form.add_error(name, problem)
+
+
+def bound_problem(kind: str, value: float) -> str | None:
+    """Why a relative or relation criterion's bound is absurd, in words; None if it is not.
+    Its quantity is a ratio minus one of positive metrics, so it lies above -100%: a bound at
+    or below that is always met or never; and a relative one beyond MAX_RAISE, as a goal's."""
+    if kind == AcceptanceCriterion.Kind.THRESHOLD:
+        return None
+    if value <= -1:
+        return (f"{value:+.0%} is no bound: a metric falls by less than 100%, so it is always "
+                "met or never (-0.05 means 5% lower).")
+    if kind == AcceptanceCriterion.Kind.RELATIVE and value > MAX_RAISE:
+        return (f"{value:+.0%} against the baseline is not a change a run can show; at most "
+                f"{MAX_RAISE:+.0%} (0.05 means 5% higher).")
+    return None
 
 
 class CriterionForm(forms.ModelForm):  # type: ignore[type-arg]
@@ -302,47 +382,88 @@ class CriterionForm(forms.ModelForm):  # type: ignore[type-arg]
         super().__init__(*args, **kwargs)
         offer_manifest_values(self, self.manifest_targets)
 
+    def clean_variant(self) -> str:
+        return canonical_variant(self.cleaned_data["variant"])
+
+    def clean_reference_variant(self) -> str:
+        return canonical_variant(self.cleaned_data["reference_variant"])
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        kind, value = data.get("kind"), data.get("value")
+        problem = bound_problem(kind, value) if kind and value is not None else None
+        if problem:
+            self.add_error("value", problem)
+        if kind == AcceptanceCriterion.Kind.RELATION and data.get("variant") and \
+                data.get("variant") == data.get("reference_variant"):
+            self.add_error("reference_variant", "A relation compares two different cells: "
+                           "this is its variant itself, so the gap is always 0.")
+        return data
+
 
 class CriterionInline(admin.TabularInline):  # type: ignore[type-arg]
+    """As a table its eight columns are wider than the page below a 1,900 px screen, so each
+    criterion is a block of labelled fields that wrap to the page's width, one under the other
+    on a phone (the template labels each cell, static/css/admin.css lays them out)."""
+
     model = AcceptanceCriterion
     form = CriterionForm
     formset = CriterionFormSet
     extra = 0
+    template = "admin/edit_inline/tabular_labelled.html"
+
+    class Media:
+        css = {"all": ["css/admin.css"]}
 
 
-MAX_RAISE = 10.0  # the most a raised metric may be asked to grow: 1000%
-
-
-def manifest_choices(targets: list[Target]) -> tuple[list[Any], list[Any]]:
-    """The probes and metrics of the targets' manifests, as choices grouped by target (and
-    probe): a goal or criterion names what the manifest declares, not free text."""
-    probes: list[Any] = []
-    metrics: list[Any] = []
+def manifest_choices(targets: list[Target]) -> dict[str, list[Any]]:
+    """The probes, metrics and variant cells of the targets' manifests, as choices grouped by
+    target (and probe): a goal or criterion names what the manifest declares, not free text.
+    Probes without variants add no cells: the blank choice is their one cell."""
+    choices: dict[str, list[Any]] = {"probe": [], "metric": [], "variant": []}
     for target in targets:
         manifest = target.manifest()
         if manifest is None:
             continue
-        probes.append((target.name, [(p.name, p.name) for p in manifest.probes]))
-        metrics += [(f"{target.name} / {p.name}", [(m, m) for m in p.metrics])
-                    for p in manifest.probes]
-    return probes, metrics
+        choices["probe"].append((target.name, [(p.name, p.name) for p in manifest.probes]))
+        for p in manifest.probes:
+            group = f"{target.name} / {p.name}"
+            choices["metric"].append((group, [(m, m) for m in p.metrics]))
+            cells = variant_cells(p)
+            if cells:
+                choices["variant"].append((group, [(c, c) for c in cells]))
+    choices["reference_variant"] = choices["variant"]
+    return choices
+
+
+# What the blank choice of each field means, and what a variant select is.
+BLANK_CHOICES = {"probe": "---------", "metric": "---------", "variant": "every cell",
+                 "reference_variant": "none"}
+VARIANT_HELP = {
+    "variant": "A cell of the criterion's probe's variant matrix (its variants in "
+               "infraops.toml), grouped by target / probe; blank: every cell.",
+    "reference_variant": "For a relation: the cell of the same probe compared against.",
+}
 
 
 def offer_manifest_values(form: forms.BaseForm, targets: list[Target]) -> None:
-    """Probe and metric as selects of the manifests' values; a stored value the manifest no
-    longer declares is kept as a choice, so the form shows it and clean() names the problem."""
-    probes, metrics = manifest_choices(targets)
-    for name, groups in (("probe", probes), ("metric", metrics)):
+    """Probe, metric and variants as selects of the manifests' values; a stored value the
+    manifest no longer declares is kept as a choice, so the form shows it (rather than the
+    browser silently picking the first choice) and clean() names the problem."""
+    for name, groups in manifest_choices(targets).items():
         if name not in form.fields:
             continue
         field = form.fields[name]
         current = form.initial.get(name) or ""
+        if name in VARIANT_HELP:
+            current = form.initial[name] = canonical_variant(current)
+            field.help_text = VARIANT_HELP[name]
         offered = {value for _, options in groups for value, _ in options}
         extra = [(current, f"{current} (not in the manifest)")] if current and \
             current not in offered else []
         # A select of text: a value the manifest lacks (a crafted post) reaches clean(),
         # which names what the manifest lacks, rather than a bare "not a valid choice".
-        field.widget = forms.Select(choices=[("", "---------"), *extra, *groups])
+        field.widget = forms.Select(choices=[("", BLANK_CHOICES[name]), *extra, *groups])
 
 
 class GoalForm(forms.ModelForm):  # type: ignore[type-arg]

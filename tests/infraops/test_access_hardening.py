@@ -706,15 +706,20 @@ def editor(client: Client, engineer: User) -> Client:
     ("max_cost_usd", "-5", "A cost budget is at least $0.01"),
     ("max_cost_usd", "-0.01", "A cost budget is at least $0.01"),
     ("max_cost_usd", "0", "A cost budget is at least $0.01"),
-    ("max_tokens", "-1", "greater than or equal to 0"),
+    # A negative budget is answered with the budget's own floor, not the form field's 0
+    # ("greater than or equal to 0" was unclear, and wrong: 0 is refused too).
+    ("max_tokens", "-1", "A token budget is at least 1 token."),
     ("max_tokens", "0", "A token budget is at least 1 token."),
-    ("max_steps", "-3", "greater than or equal to 0"),
+    ("max_steps", "-3", "A step budget is at least 1 step."),
     ("max_steps", "0", "A step budget is at least 1 step."),
     ("max_experiments", "0", "An experiment budget is at least 1 experiment."),
+    ("max_experiments", "-3", "An experiment budget is at least 1 experiment."),
     ("max_wall_minutes", "0", "A wall-time budget is at least 1 minute."),
+    ("max_wall_minutes", "-1", "A wall-time budget is at least 1 minute."),
     ("max_diff_lines", "0", "A diff budget is at least 1 changed line."),
-    ("max_diff_lines", "-400", "greater than or equal to 0"),
+    ("max_diff_lines", "-400", "A diff budget is at least 1 changed line."),
     ("max_tokens", "99999999999", "less than or equal to"),
+    ("max_experiments", "many", "Enter a whole number."),
 ])
 def test_a_negative_or_zero_budget_is_refused_by_the_admin_form(
     editor: Client, example_target: Target, field: str, value: str, message: str

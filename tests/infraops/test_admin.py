@@ -318,3 +318,149 @@ def test_a_goal_version_says_what_it_changed_before_its_raw_spec(
 
     assert "What it changed" in page and "boundary.max_experiments: 8 → 12" in page
     assert page.index("boundary.max_experiments: 8 → 12") < page.index('"max_experiments"')
+
+
+# --- variant cells offered from the manifest, as variant_key spells them; absurd criterion
+# bounds refused in words (absurd budgets: test_access_hardening.py).
+
+VARIANTS = 'variants = {dtype = ["fp16", "fp32"], batch = ["1", "8"]}\n'
+SMOKE = ('\n[[probe]]\nname = "smoke"\nlayer = "behaviour"\ncommand = "true"\n'
+         'metrics = ["errors"]\n')
+
+
+@pytest.fixture
+def variant_target(example_target: Target) -> Target:
+    """tiny-serving whose latency-bench runs a 2 x 2 matrix, beside a probe with no variants."""
+    text = example_target.manifest_text.replace('metrics = ["latency_ms"]\n',
+                                                'metrics = ["latency_ms"]\n' + VARIANTS, 1)
+    example_target.manifest_text = text + SMOKE
+    example_target.save()
+    assert example_target.manifest() is not None
+    return example_target
+
+
+def select_of(page: str, name: str) -> str:
+    found = re.search(rf'<select name="{re.escape(name)}"[^>]*>(.*?)</select>', page, re.S)
+    assert found, f"{name} is a select, not free text"
+    return found.group(1)
+
+
+def test_the_variant_fields_offer_the_probes_cells_canonically(
+        editor: Client, variant_target: Target) -> None:
+    page = editor.get("/admin/infraops/goal/add/").content.decode()
+
+    for name in ("criteria-__prefix__-variant", "criteria-__prefix__-reference_variant"):
+        options = select_of(page, name)
+        assert f'<optgroup label="{variant_target.name} / latency-bench">' in options
+        cells = re.findall(r'<option value="([^"]*)"', options)
+        # keys sorted as variant_key writes them, values in manifest order; no smoke cells
+        assert cells[1:] == ["batch=1,dtype=fp16", "batch=8,dtype=fp16", "batch=1,dtype=fp32",
+                             "batch=8,dtype=fp32"]
+        assert "/ smoke" not in options
+    assert '<option value="" selected>every cell</option>' in select_of(
+        page, "criteria-__prefix__-variant")
+    assert "A cell of the criterion&#x27;s probe&#x27;s variant matrix" in page
+
+
+def test_a_criterion_on_a_cell_is_saved_as_its_canonical_text(
+        editor: Client, variant_target: Target) -> None:
+    fields = with_criterion(new_goal(editor, variant_target), kind="relation",
+                            variant="dtype=fp16, batch=8", reference_variant="batch=1,dtype=fp16")
+
+    response = editor.post("/admin/infraops/goal/add/", fields, follow=True)
+
+    assert "Goal saved as version 1" in response.content.decode()
+    criterion = AcceptanceCriterion.objects.get()
+    assert (criterion.variant, criterion.reference_variant) == ("batch=8,dtype=fp16",
+                                                                "batch=1,dtype=fp16")
+
+
+@pytest.mark.parametrize(("criterion", "message"), [
+    ({"variant": "batch=2,dtype=fp16"},
+     "Probe &#x27;latency-bench&#x27; has no variant cell &#x27;batch=2,dtype=fp16&#x27; "
+     "(its cells: batch=1,dtype=fp16, batch=8,dtype=fp16, batch=1,dtype=fp32, "
+     "batch=8,dtype=fp32)."),
+    ({"variant": "batch=8"}, "has no variant cell &#x27;batch=8&#x27;"),
+    ({"probe": "smoke", "metric": "errors", "variant": "batch=8,dtype=fp16"},
+     "Probe &#x27;smoke&#x27; declares no variants: leave this blank"),
+    ({"kind": "relation", "variant": "batch=8,dtype=fp16",
+      "reference_variant": "batch=8,dtype=fp16"},
+     "A relation compares two different cells"),
+    ({"variant": "batch"}, "&#x27;batch&#x27; is not key=value"),
+])
+def test_a_criterion_on_a_cell_the_probe_lacks_is_refused(
+        editor: Client, variant_target: Target, criterion: dict[str, str],
+        message: str) -> None:
+    fields = with_criterion(new_goal(editor, variant_target), **criterion)
+
+    response = editor.post("/admin/infraops/goal/add/", fields)
+
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not Goal.objects.exists()
+
+
+def test_a_stored_cell_the_manifest_dropped_is_shown_kept_and_named(
+        editor: Client, example_goal: Goal) -> None:
+    """Editing an old goal never loses a value silently: no select would hold it, and the
+    browser would post its first choice instead."""
+    example_goal.criteria.update(variant="cp=on")
+    url = f"/admin/infraops/goal/{example_goal.pk}/change/"
+    page = editor.get(url).content.decode()
+
+    assert ('<option value="cp=on" selected>cp=on (not in the manifest)</option>'
+            in select_of(page, "criteria-0-variant"))
+
+    response = editor.post(url, form_of(editor, url))
+
+    assert response.status_code == 200
+    assert ("Probe &#x27;latency-bench&#x27; declares no variants: leave this blank"
+            in response.content.decode())
+    assert example_goal.criteria.get().variant == "cp=on"
+    assert example_goal.versions.count() == 1
+
+
+def test_a_cell_written_by_hand_selects_its_choice_and_saves_unchanged(
+        editor: Client, example_goal: Goal, variant_target: Target) -> None:
+    example_goal.criteria.update(variant="dtype=fp32 , batch=1")
+    goal_snapshot(goal=example_goal)
+    url = f"/admin/infraops/goal/{example_goal.pk}/change/"
+    options = select_of(editor.get(url).content.decode(), "criteria-0-variant")
+
+    assert '<option value="batch=1,dtype=fp32" selected>batch=1,dtype=fp32</option>' in options
+    assert "not in the manifest" not in options
+
+    response = editor.post(url, form_of(editor, url), follow=True)
+
+    assert "Goal saved as version 2" in response.content.decode()
+    assert example_goal.versions.count() == 2
+
+
+@pytest.mark.parametrize(("criterion", "message"), [
+    ({"value": "-5"}, "-500% is no bound: a metric falls by less than 100%"),
+    ({"value": "-1", "comparison": ">="}, "-100% is no bound"),
+    ({"kind": "relation", "value": "-2", "variant": "", "reference_variant": ""},
+     "-200% is no bound"),
+    ({"value": "50"}, "+5000% against the baseline is not a change a run can show; at most "
+                      "+1000%"),
+    ({"value": "nan"}, "Enter a number."),
+])
+def test_an_absurd_criterion_bound_is_refused(
+        editor: Client, example_target: Target, criterion: dict[str, str],
+        message: str) -> None:
+    fields = with_criterion(new_goal(editor, example_target), **criterion)
+
+    response = editor.post("/admin/infraops/goal/add/", fields)
+
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not Goal.objects.exists()
+
+
+def test_a_threshold_on_a_metric_keeps_any_bound(editor: Client,
+                                                 example_target: Target) -> None:
+    fields = with_criterion(new_goal(editor, example_target), kind="threshold", value="5000")
+
+    response = editor.post("/admin/infraops/goal/add/", fields, follow=True)
+
+    assert "Goal saved as version 1" in response.content.decode()
