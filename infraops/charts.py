@@ -57,6 +57,61 @@ def ab_distributions(groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return _plain(figure)
 
 
+TIMELINE_COLOURS = {"spans": "#2457c5", "waits": "#c0392b", "idle": "#c8ccd2",
+                    "overlap": "rgba(46, 160, 67, 0.18)"}
+
+
+def trace_timeline(label: str, timeline: Mapping[str, Any]) -> dict[str, Any]:
+    """One row per thread: its spans as bars, waits (blocked time) in red, idle gaps in grey,
+    and green bands where two threads or more worked at once (traces.timeline's data), so a
+    reviewer sees at a glance whether the work that should overlap does."""
+    threads = list(timeline.get("threads") or [])
+    figure = go.Figure()
+    for kind, name in (("idle", "idle"), ("spans", "span"), ("waits", "waiting (blocked)")):
+        rows = timeline.get(kind) or []
+        if kind == "idle":
+            rows = [[row, "idle", start, end] for row, start, end in rows]
+        figure.add_trace(go.Bar(
+            orientation="h", name=name, marker_color=TIMELINE_COLOURS[kind],
+            y=[threads[r[0]] for r in rows], base=[r[2] for r in rows],
+            x=[r[3] - r[2] for r in rows], hovertext=[str(r[1]) for r in rows],
+            hovertemplate="%{hovertext}: %{base:.3f} to %{customdata:.3f} ms<extra></extra>",
+            customdata=[r[3] for r in rows]))
+    figure.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="threads at work "
+                                "together", marker={"symbol": "square", "size": 12,
+                                                    "color": TIMELINE_COLOURS["overlap"]}))
+    figure.update_layout(
+        title=f"Timeline: {label}", barmode="overlay",
+        shapes=[{"type": "rect", "xref": "x", "yref": "paper", "x0": start, "x1": end,
+                 "y0": 0, "y1": 1, "fillcolor": TIMELINE_COLOURS["overlap"], "line": {"width": 0},
+                 "layer": "below"} for start, end in (timeline.get("overlap") or [])[:300]],
+        xaxis={"title": "time since the trace's first span (ms)"},
+        yaxis={"title": "thread", "autorange": "reversed", "type": "category"},
+        **(LAYOUT | {"height": 140 + 40 * max(len(threads), 1)}))
+    return _plain(figure)
+
+
+def timeline_caption(timeline: Mapping[str, Any]) -> str:
+    """The timeline in one sentence, for readers without the chart: how long threads worked
+    together, and each thread's idle share."""
+    duration = float(timeline.get("duration") or 0)
+    if duration <= 0:
+        return "The trace has no timed spans."
+    together = sum(end - start for start, end in timeline.get("overlap") or [])
+    idle: dict[int, float] = {}
+    for row, start, end in timeline.get("idle") or []:
+        idle[row] = idle.get(row, 0.0) + end - start
+    threads = timeline.get("threads") or []
+    idle_text = ", ".join(f"{threads[row]} {share / duration:.0%}"
+                          for row, share in sorted(idle.items()))
+    text = (f"Threads worked at the same time for {together / duration:.1%} of the trace "
+            f"({together:.3g} of {duration:.3g} ms).")
+    text += f" Idle: {idle_text}." if idle_text else " No thread sat idle."
+    if timeline.get("left_out"):
+        text += f" The chart leaves out the {timeline['left_out']} shortest spans."
+    return text
+
+
 def feedback_charts(feedback: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The charts an experiment's feedback can draw, each with the element ids a page embeds
     it under (the experiment page and the change page show the same ones)."""
@@ -67,6 +122,14 @@ def feedback_charts(feedback: Mapping[str, Any]) -> list[dict[str, Any]]:
     if feedback.get("series"):
         charts.append({"id": "chart-series", "figure_id": "chart-series-figure",
                        "figure": error_vs_size(feedback["series"])})
+    # The timelines with the most threads first: those are the ones about concurrency.
+    timelines = sorted((feedback.get("timelines") or {}).items(),
+                       key=lambda item: -len(item[1].get("threads") or []))
+    for number, (label, timeline) in enumerate(timelines):
+        charts.append({"id": f"chart-timeline-{number}",
+                       "figure_id": f"chart-timeline-{number}-figure",
+                       "figure": trace_timeline(label, timeline),
+                       "caption": timeline_caption(timeline)})
     return charts
 
 

@@ -756,6 +756,69 @@ def trace_diff(baseline: Trace, candidate: Trace, *, min_change: float = 0.05) -
     return changes
 
 
+TIMELINE_SPANS = 600
+"""Spans a timeline keeps (the longest); a chart of more reads as noise and weighs the page."""
+TIMELINE_MIN_IDLE = 0.005
+"""Idle gaps shorter than this share of the trace are left off a timeline."""
+
+
+def timeline(trace: Trace, *, waiting: str | Sequence[str] = WAIT_SPANS,
+             max_spans: int = TIMELINE_SPANS) -> dict[str, Any]:
+    """The trace as a per-thread timeline for a chart, in milliseconds from the trace start.
+
+    `threads`: labels, one row each; `spans`, `waits`: [row, name, start, end] (waits are the
+    spans matching `waiting`: time a thread was blocked, not working); `idle`: [row, start, end],
+    gaps of at least TIMELINE_MIN_IDLE of the trace with nothing open on the thread; `overlap`:
+    [start, end], when two threads or more worked at once. The `max_spans` longest spans are
+    kept (`left_out` counts the rest); idle and overlap are computed on every span.
+    """
+    rows = {thread: i for i, thread in enumerate(trace.threads)}
+    origin = trace.start_us
+    wait_patterns = _patterns(waiting)
+    timed = [s for s in trace.spans if s.dur_us > 0]
+    waits = set(_select(timed, wait_patterns))
+
+    def ms(us: float) -> float:
+        return round((us - origin) / 1000, 4)
+
+    kept = sorted(timed, key=lambda s: -s.dur_us)[:max_spans]
+    kept.sort(key=lambda s: (s.start_us, rows[s.thread]))
+    min_idle = (trace.end_us - trace.start_us) * TIMELINE_MIN_IDLE
+    idle = [[rows[key], ms(gap.start_us), ms(gap.end_us)] for key in rows
+            if any(s.thread == key for s in timed)
+            for gap in idle_intervals(trace, key, min_us=min_idle)]
+    working = [_union((s.start_us, s.end_us) for s in timed
+                      if s.thread == key and s not in waits) for key in rows]
+    return {
+        "unit": "ms", "duration": ms(trace.end_us),
+        "threads": [trace.thread_label(key) for key in rows],
+        "spans": [[rows[s.thread], s.name, ms(s.start_us), ms(s.end_us)]
+                  for s in kept if s not in waits],
+        "waits": [[rows[s.thread], s.name, ms(s.start_us), ms(s.end_us)]
+                  for s in kept if s in waits],
+        "idle": idle,
+        "overlap": [[ms(start), ms(end)] for start, end in _at_least_two(working)],
+        "left_out": len(timed) - len(kept),
+    }
+
+
+def _at_least_two(per_thread: Sequence[Sequence[tuple[float, float]]]
+                  ) -> list[tuple[float, float]]:
+    """The time covered by two of the (each disjoint) interval lists or more."""
+    edges = sorted(itertools.chain.from_iterable(
+        ((start, 1), (end, -1)) for intervals in per_thread for start, end in intervals))
+    result: list[tuple[float, float]] = []
+    open_count, since = 0, 0.0
+    for at, step in edges:
+        before = open_count
+        open_count += step
+        if before < 2 <= open_count:
+            since = at
+        elif open_count < 2 <= before and at > since:
+            result.append((since, at))
+    return _union(result)
+
+
 # --- parsing -------------------------------------------------------------------------------
 
 

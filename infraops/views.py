@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
@@ -44,7 +46,32 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "logs": experiment.logs.filter(seq__gt=cursor(request.GET.get("after")))
                 .order_by("seq")[:2000],
         "charts": feedback_charts(experiment.feedback or {}),
+        "criteria": criteria_rows(experiment),
     })
+
+
+def criteria_rows(experiment: Experiment) -> list[dict[str, Any]]:
+    """The acceptance criteria the experiment was run against (its pinned goal version's), each
+    with its verdict from the feedback: passed, failed, not run (a variant cell it needs was
+    left out), or pending while the experiment runs."""
+    judged = {}
+    for finding in (experiment.feedback or {}).get("findings", []):
+        evidence = finding.get("evidence") or {}
+        if finding.get("layer") == "criteria" and "verdict" in evidence:
+            judged[evidence.get("criterion") or evidence.get("name")] = finding
+    rows = []
+    for spec in experiment.criteria:
+        finding = judged.get(spec.get("id") or spec.get("name"))
+        verdict = (finding or {}).get("evidence", {}).get("verdict", {})
+        if finding is None:
+            state = "not judged" if experiment.is_finished else "pending"
+        elif finding.get("kind") == "criterion-not-run":
+            state = "not run"
+        else:
+            state = "passed" if verdict.get("passed") else "failed"
+        rows.append({"name": spec.get("name") or "", "condition": spec.get("description") or "",
+                     "state": state, "verdict": verdict})
+    return rows
 
 
 def healthz(request: HttpRequest) -> JsonResponse:

@@ -36,6 +36,7 @@ PAIR_SHARE = 0.10  # a span that ran this share of a grown span's idle time is p
 SIDES = ("baseline", "candidate")
 MIN_CHANGE = 0.10  # a span whose total changed less than this is not reported
 MAX_REPEAT_TRACES = 6  # traces a side read to confirm a span change
+MAX_TIMELINES = 4  # per-thread timelines an experiment's feedback keeps for its page
 
 Runs = dict[tuple[str, str, str, int], ProbeExecution]  # (probe, side, variant, repeat)
 
@@ -69,6 +70,9 @@ def behaviour_findings(probe: Probe, runs: Runs, extras: dict[str, Any]) -> list
             rows = traces.span_stats(trace)
             label = f"{key or 'default'}, {side}"
             extras["spans"][f"{probe.name} [{label}]"] = [r.as_dict() for r in rows[:20]]
+            timelines = extras.setdefault("timelines", {})
+            if len(timelines) < MAX_TIMELINES:
+                timelines[f"{probe.name} [{label}]"] = traces.timeline(trace)
             other = parsed["baseline" if side == "candidate" else "candidate"]
             found += overlap_findings(probe.name, label, trace, {
                 "probe": probe.name, "variant": key, "side": side,

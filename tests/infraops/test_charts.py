@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import json
 
-from infraops.charts import ab_distributions, error_vs_size
+from infraops.charts import (
+    ab_distributions,
+    error_vs_size,
+    feedback_charts,
+    timeline_caption,
+    trace_timeline,
+)
 
 
 def test_ab_distributions_has_one_box_per_side_with_every_execution() -> None:
@@ -44,3 +50,41 @@ def test_every_axis_says_what_it_measures_and_in_which_unit() -> None:
     curve = error_vs_size([{"label": "x", "metric": "max_abs_error", "points": [[8, 0.1]]}])
     assert curve["layout"]["xaxis"]["title"]["text"] == "case size (elements)"
     assert curve["layout"]["yaxis"]["title"]["text"].startswith("error against the reference")
+
+
+TIMELINE = {"unit": "ms", "duration": 0.55, "threads": ["main", "mooncake"],
+            "spans": [[0, "dispatch", 0.0, 0.1], [1, "kv_transfer", 0.1, 0.15]],
+            "waits": [[1, "gil_wait", 0.02, 0.1]], "idle": [[0, 0.1, 0.15], [1, 0.0, 0.02]],
+            "overlap": [[0.3, 0.35]], "left_out": 0}
+
+
+def test_the_trace_timeline_has_a_row_per_thread_and_highlights_waits_idle_and_overlap() -> None:
+    figure = trace_timeline("prefill-kv [default, candidate]", TIMELINE)
+    bars = {trace["name"]: trace for trace in figure["data"] if trace["type"] == "bar"}
+
+    assert set(bars) == {"span", "waiting (blocked)", "idle"}
+    assert bars["span"]["y"] == ["main", "mooncake"] and bars["span"]["base"] == [0.0, 0.1]
+    assert bars["waiting (blocked)"]["hovertext"] == ["gil_wait"]
+    assert bars["idle"]["y"] == ["main", "mooncake"]
+    band = figure["layout"]["shapes"][0]
+    assert (band["x0"], band["x1"], band["yref"]) == (0.3, 0.35, "paper")
+    assert figure["layout"]["xaxis"]["title"]["text"] == "time since the trace's first span (ms)"
+    json.dumps(figure)
+
+
+def test_the_timeline_caption_says_in_words_what_the_chart_shows() -> None:
+    text = timeline_caption(TIMELINE)
+
+    assert "same time for 9.1% of the trace (0.05 of 0.55 ms)" in text
+    assert "Idle: main 9%, mooncake 4%." in text
+    assert timeline_caption({"duration": 0}) == "The trace has no timed spans."
+
+
+def test_feedback_charts_draw_one_timeline_per_stored_trace_with_its_caption() -> None:
+    one_thread = TIMELINE | {"threads": ["main"], "spans": [], "waits": [], "idle": []}
+    charts = feedback_charts({"timelines": {"a [x]": one_thread, "b [y]": TIMELINE}})
+
+    assert [c["id"] for c in charts] == ["chart-timeline-0", "chart-timeline-1"]
+    assert charts[1]["figure_id"] == "chart-timeline-1-figure" and charts[1]["caption"]
+    # The one with more threads first: the timelines are read for concurrency.
+    assert charts[0]["figure"]["layout"]["title"]["text"] == "Timeline: b [y]"

@@ -176,6 +176,18 @@ def test_concurrency_names_the_spans_that_never_overlap_and_the_criterions_gap(
     client.force_login(viewer)  # the same evidence on the page, for people
     page = client.get(f"/experiments/{base.pk}/").content.decode()
     assert "Spans per thread" in page and "kv_transfer" in page and "never overlaps" in page
+    # The trace as a per-thread timeline: the waits for the KV cache (blocked time), and
+    # (nearly) no time in which both threads worked.
+    line = base.feedback["timelines"]["prefill-kv [scenario=prefill_kv, candidate]"]
+    assert {"MainThread", "mooncake"} <= set(line["threads"])
+    assert {w[1] for w in line["waits"]} == {"wait_kv"}, line["waits"][:5]
+    together = sum(end - start for start, end in line["overlap"])
+    assert together < 0.05 * line["duration"], line["overlap"][:10]
+    assert 'id="chart-timeline-0"' in page and "Threads worked at the same time for" in page
+    # The criteria table: the criterion by name, its condition and its measured gap.
+    table = page[page.index('id="criteria"'):]
+    assert "prefill+kv within 5% of prefill" in table and "badge failed" in table
+    assert "scenario gap" in table
 
     fix = commit_edit(target, tmp_path, "engine/ep.py", "RELEASE_GIL = False",
                       "RELEASE_GIL = True")

@@ -22,6 +22,7 @@ from infraops.traces import (
     overlap,
     parse_trace,
     span_stats,
+    timeline,
     trace_diff,
 )
 
@@ -617,3 +618,40 @@ def test_trace_diff_of_a_trace_with_itself_is_empty() -> None:
     assert trace_diff(trace, trace) == []
     with pytest.raises(ValueError, match="min_change"):
         trace_diff(trace, trace, min_change=-1)
+
+
+# --- timeline ------------------------------------------------------------------------------
+
+
+def test_the_timeline_shows_the_held_gil_as_waits_idle_gaps_and_no_overlap() -> None:
+    line = timeline(trace_of(*GIL_HELD))
+
+    assert line["threads"] == ["main", "mooncake"] and line["unit"] == "ms"
+    assert line["duration"] == 0.55
+    assert [w[:2] for w in line["waits"]] == [[1, "gil_wait"], [1, "gil_wait"]]
+    assert {s[1] for s in line["spans"]} == {"dispatch", "combine", "kv_transfer"}
+    # The spans touch but never run together: no overlap band at all.
+    assert line["overlap"] == []
+    assert [i for i in line["idle"] if i[0] == 0] == [[0, 0.1, 0.15], [0, 0.25, 0.3],
+                                                       [0, 0.4, 0.45]]
+    # A wait is not idle time: the thread has a span open, it is blocked.
+    assert [i for i in line["idle"] if i[0] == 1] == [[1, 0.0, 0.02], [1, 0.3, 0.4],
+                                                       [1, 0.45, 0.55]]
+
+
+def test_the_timeline_bands_the_time_two_threads_work_together() -> None:
+    line = timeline(trace_of(*GIL_RELEASED))
+
+    assert line["overlap"] == [[0.01, 0.09], [0.16, 0.21]]
+    assert line["waits"] == [] and line["left_out"] == 0
+
+
+def test_the_timeline_keeps_the_longest_spans_and_counts_the_rest() -> None:
+    spans = [complete("tick", i * 10, 1 + i % 3) for i in range(50)]
+    line = timeline(trace_of(*spans, complete("long", 600, 400)), max_spans=10)
+
+    assert len(line["spans"]) == 10 and line["left_out"] == 41
+    assert ["long" in s for s in line["spans"]].count(True) == 1
+    # Idle gaps come from every span, not only the ones kept for the chart: a gap after each
+    # tick (7-9 µs, over the 5 µs floor of 0.5% of this 1 ms trace).
+    assert len(line["idle"]) == 50 and line["idle"][-1] == [0, 0.492, 0.6]
