@@ -4,7 +4,8 @@ SVG: they need no script, weigh a few kilobytes, and are re-sent with a page's l
 Trials: each trial the tuner measured is a point at its objective (the goal metric of the
 candidate over the base's, oriented so that lower is better: 0.9 is 10% better); the line is
 the best so far; the dashed line is the base (1.0). A trial that failed or was refused is a
-cross on the axis, so the count of attempts shows too.
+cross on the axis, so the count of attempts shows too. Any other policy's run draws its
+experiments the same way (progress_svg), each at its goal metric over the base's.
 
 Evolution: the goal metric of the base and of each merged change (agents.goals), each with its
 95% interval as a bar, joined in merge order.
@@ -23,6 +24,7 @@ from agents.goals import Point
 
 WIDTH, HEIGHT = 640, 220
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 14, 42  # room for the axes' numbers and titles
+TITLE_CHARACTER = 6.6  # the mean width of a character of an axis title (12 px), in px
 
 
 @dataclass
@@ -50,10 +52,18 @@ class _Plot:
             f'<text class="title" x="{(LEFT + WIDTH - RIGHT) / 2:.1f}" y="{HEIGHT - 4}" '
             f'text-anchor="middle">{escape(self.x_title)}</text>',
             f'<text class="title" transform="rotate(-90)" x="{middle:.1f}" y="14" '
-            f'text-anchor="middle">{escape(self.y_title)}</text>']
+            f'text-anchor="middle"{self._squeezed(self.y_title, -2 * middle)}>'
+            f"{escape(self.y_title)}</text>"]
         for tick in self.ticks:
             self.parts.append(f'<text class="tick" x="{LEFT - 6}" y="{self.y(tick) + 4:.1f}" '
                               f'text-anchor="end">{tick:.3g}</text>')
+
+    @staticmethod
+    def _squeezed(title: str, room: float) -> str:
+        """A title longer than the room it is centred in (a goal metric's name can be long),
+        drawn narrower to fit rather than cut at the chart's edge."""
+        return (f' textLength="{room:.0f}" lengthAdjust="spacingAndGlyphs"'
+                if len(title) * TITLE_CHARACTER > room else "")
 
     def x(self, number: float) -> float:
         return LEFT + (number - 0.5) / self.last * (WIDTH - LEFT - RIGHT)
@@ -83,31 +93,41 @@ def trial_points(trials: list[dict[str, Any]]) -> list[tuple[int, float | None]]
 
 
 def trials_svg(trials: list[dict[str, Any]]) -> SafeString:
-    points = trial_points(trials)
+    return progress_svg([(number, value, f"trial {number}") for number, value in
+                         trial_points(trials)], lower_is_better=True, x_title="trial",
+                        y_title="candidate ÷ base (lower is better)",
+                        label="objective of each trial and the best so far")
+
+
+def progress_svg(points: Sequence[tuple[int, float | None, str]], *, lower_is_better: bool,
+                 x_title: str, y_title: str, label: str) -> SafeString:
+    """Attempts at beating the base, each a (number, candidate ÷ base or None, name) point:
+    the tuner's trials and any run's experiments read alike, the base dashed at 1.0, the best
+    so far (lowest or highest, as the goal has it) as a line, an unmeasured one as a cross."""
     if not points:
         return SafeString("")
-    values = [v for _, v in points if v is not None] + [1.0]
-    last = max(n for n, _ in points)
-    plot = _Plot(last, min(values), max(values), "trial", "candidate ÷ base (lower is better)",
-                 "objective of each trial and the best so far")
+    values = [v for _, v, _ in points if v is not None] + [1.0]
+    last = max(n for n, _, _ in points)
+    plot = _Plot(last, min(values), max(values), x_title, y_title, label)
     plot.parts.append(f'<line class="base" x1="{LEFT}" y1="{plot.y(1.0):.1f}" '
                       f'x2="{WIDTH - RIGHT}" y2="{plot.y(1.0):.1f}"/>')
     plot.parts.append(f'<text class="label" x="{WIDTH - RIGHT}" y="{plot.y(1.0) - 4:.1f}" '
                       'text-anchor="end">base 1.0</text>')
     for number in range(1, last + 1, max(1, round(last / 10))):
         plot.x_label(number, str(number))
+    better = min if lower_is_better else max
     best: float | None = None
     line, marks = [], []
-    for number, value in points:
+    for number, value, name in points:
         if value is None:
             cx, cy = plot.x(number), HEIGHT - BOTTOM
             marks.append(f'<path class="failed" d="M{cx - 4:.1f},{cy - 4} l8,8 m0,-8 l-8,8">'
-                         f"<title>trial {number}: no measurement</title></path>")
+                         f"<title>{escape(name)}: no measurement</title></path>")
             continue
-        best = value if best is None else min(best, value)
+        best = value if best is None else better(best, value)
         line.append(f"{plot.x(number):.1f},{plot.y(best):.1f}")
         marks.append(f'<circle class="trial" cx="{plot.x(number):.1f}" '
-                     f'cy="{plot.y(value):.1f}" r="4"><title>trial {number}: {value:.4g}'
+                     f'cy="{plot.y(value):.1f}" r="4"><title>{escape(name)}: {value:.4g}'
                      "</title></circle>")
     if line:
         plot.parts.append(f'<polyline class="best" points="{" ".join(line)}"/>')

@@ -153,6 +153,9 @@ def _cut_values(value: Any, depth: int = 0) -> Any:
     return value
 
 
+CALL_BADGES = {"ok": "info", "refused": "bad", "malformed": "warn", "failed": "fail"}
+
+
 @dataclass(frozen=True)
 class CallView:
     """One tool call of a step, as the page shows it (texts cut, never trusted)."""
@@ -166,6 +169,12 @@ class CallView:
     raw: str
     content: str
     content_more: int
+
+    @property
+    def badge(self) -> str:
+        """The class of the call's badge in its step's row: red, amber or neutral, as its
+        details mark it."""
+        return CALL_BADGES[self.state]
 
     @classmethod
     def of(cls, call: dict[str, Any]) -> CallView:

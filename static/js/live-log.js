@@ -121,6 +121,28 @@ async function syncSteps() {
 
 document.addEventListener("htmx:wsAfterMessage", syncSteps);
 
+// A step row shows its experiment's status as it was when the row was rendered, and rows are
+// only ever appended; the experiments table (#run-experiments), re-sent with every frame and
+// re-read after a fetch, has the current one: each step's badge follows it.
+function syncExperimentBadges() {
+  const table = document.getElementById("run-experiments");
+  if (!table) return;
+  const current = new Map();
+  for (const badge of table.querySelectorAll("[data-experiment-status]")) {
+    current.set(badge.dataset.experimentStatus, badge);
+  }
+  for (const badge of document.querySelectorAll("[data-step-list] [data-experiment-status]")) {
+    const fresh = current.get(badge.dataset.experimentStatus);
+    if (fresh && fresh.textContent !== badge.textContent) {
+      badge.className = fresh.className;
+      badge.textContent = fresh.textContent;
+    }
+  }
+}
+
+document.addEventListener("htmx:wsAfterMessage", syncExperimentBadges);
+document.addEventListener("infraops:replaced", syncExperimentBadges);
+
 // A live log follows new lines, unless its reader scrolled up to read: where the box was at
 // its end before a message, it is at its end after.
 const following = new WeakMap();

@@ -78,9 +78,9 @@ def page(client: Client, run: AgentRun, query: str = "", **headers: str) -> str:
 
 
 def step_block(text: str, number: int) -> str:
-    """The <li> of one step on the page."""
-    found = re.search(rf'<li class="step" id="step-{number}" data-step="{number}">(.*?)</li>',
-                      text, re.S)
+    """The rows of one step in the steps table (its <tbody>)."""
+    found = re.search(
+        rf'<tbody class="step" id="step-{number}" data-step="{number}">(.*?)</tbody>', text, re.S)
     assert found is not None, f"no step {number} on the page"
     return found.group(1)
 
@@ -112,7 +112,7 @@ def test_a_step_shows_each_call_collapsed_with_its_arguments_result_verdict_and_
     assert html.escape('{\n  "path": "config/serving.toml"\n}') in first
     assert "<pre>batch_size = 4\n</pre>" in first
     assert "badge" not in first  # a call that went fine carries no mark
-    assert "Verdict:</span> read_file ok; experiment_request ok" in block
+    assert "<td>read_file ok; experiment_request ok</td>" in block
     assert f'<a href="/experiments/{experiment.pk}/">experiment {experiment.pk}</a>' in block
 
 
@@ -202,7 +202,7 @@ def test_a_step_without_calls_shows_just_its_summary(
 def test_no_step_yet_says_so(viewer_client: Client, run: AgentRun) -> None:
     text = page(viewer_client, run)
 
-    assert '<ol id="run-steps" class="steps" data-step-list>' in text
+    assert '<table id="run-steps" class="steps" data-step-list>' in text
     assert "No step yet." in text
 
 
@@ -433,3 +433,182 @@ def test_a_step_row_shows_its_experiment_s_new_status(
 
     assert f'badge {experiment.status}' in before
     assert 'badge running' in after and f'badge {experiment.status}' not in after
+
+
+def finish(experiment: Experiment, status: str, **fields: Any) -> None:
+    """The experiment ends as the worker ends it (one update, infraops.services.experiments)."""
+    Experiment.objects.filter(pk=experiment.pk).update(
+        status=status, **{"finished_at": timezone.now()} | fields)
+
+
+@pytest.mark.parametrize("status", [Experiment.Status.SUCCEEDED, Experiment.Status.FAILED])
+def test_a_step_row_s_badge_says_how_its_experiment_ended_once_it_has(
+    viewer_client: Client, run: AgentRun, experiment: Experiment, status: str
+) -> None:
+    """Step rows are rendered once per process: a row rendered while its experiment ran must
+    not be served again once it ended."""
+    Experiment.objects.filter(pk=experiment.pk).update(status=Experiment.Status.RUNNING,
+                                                       started_at=timezone.now())
+    Step.objects.create(run=run, number=1, summary="Asked for an experiment.",
+                        experiment=experiment)
+    running = step_block(page(viewer_client, run), 1)
+    finish(experiment, status)
+    ended = step_block(page(viewer_client, run), 1)
+
+    def badge(shown: str) -> str:
+        return (f'<span class="badge {shown}" data-experiment-status="{experiment.pk}">'
+                f"{shown}</span>")
+
+    assert badge("running") in running
+    assert badge(status) in ended and "running" not in ended
+
+
+def test_a_step_is_a_row_of_the_steps_table_with_its_calls_details_in_the_next_row(
+    viewer_client: Client, run: AgentRun, experiment: Experiment
+) -> None:
+    Step.objects.create(run=run, number=1, summary="Read the config, asked for an experiment.",
+                        calls=[call("read_file", {"path": "config/serving.toml"}),
+                               call("write_file", {"path": "secrets/x"}, ok=False,
+                                    refusal="outside the editable paths", number=2)],
+                        verdict="read_file ok; write_file refused", experiment=experiment)
+
+    text = page(viewer_client, run)
+    head, details = re.findall(r"<tr[^>]*>.*?</tr>", step_block(text, 1), re.S)
+
+    headers = re.findall(r'<th scope="col">([^<]+)</th>', text.split('id="run-steps"')[1]
+                         .split("</thead>")[0])
+    assert headers == ["Step", "What it did", "Tool calls", "Verdict", "Experiment"]
+    cells = re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", head, re.S)
+    assert [c.strip() for c in cells[:2]] == ["1", "Read the config, asked for an experiment."]
+    assert '<span class="badge info">read_file</span>' in cells[2]
+    assert '<span class="badge bad">write_file refused</span>' in cells[2]
+    assert cells[3] == "read_file ok; write_file refused"
+    assert f'experiment {experiment.pk}</a> <span class="badge queued"' in cells[4]
+    assert '<tr class="calls">' in details and len(calls_of(details)) == 2
+
+
+def test_steps_after_gives_table_rows_the_page_script_appends(
+    viewer_client: Client, run: AgentRun
+) -> None:
+    """live-log.js parses the answer in a <template> and appends each [data-step] child to the
+    [data-step-list] element: each step must be one element that a table may hold."""
+    for number in (1, 2):
+        Step.objects.create(run=run, number=number, summary=f"step {number}",
+                            calls=[call("read_file", {"path": "x"})])
+
+    rows = page(viewer_client, run, "?steps_after=0").strip()
+    text = page(viewer_client, run)
+
+    assert re.fullmatch(r'(<tbody class="step" id="step-\d" data-step="\d">.*?</tbody>\s*)+',
+                        rows, re.S)
+    assert re.search(r'<table id="run-steps" class="steps" data-step-list>\s*<thead>', text)
+
+
+def experiments_table(text: str) -> list[list[str]]:
+    """The cells of each row of the experiments table, their markup as is."""
+    found = re.search(r'<table id="run-experiments".*?<tbody>(.*?)</tbody>', text, re.S)
+    assert found is not None, "no experiments table"
+    return [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+            for row in re.findall(r"<tr>(.*?)</tr>", found.group(1), re.S)]
+
+
+def comparison(candidate: float | None, baseline: float | None, *, probe: str = "latency-bench",
+               metric: str = "latency_ms", variant: str = "") -> dict[str, Any]:
+    """A row of Experiment.summary["comparisons"] (infraops.samples.MetricComparison)."""
+    return {"probe": probe, "variant": variant, "metric": metric, "case": "", "unit": "ms",
+            "baseline_median": baseline, "candidate_median": candidate, "baseline_n": 5,
+            "candidate_n": 5, "ratio": None}
+
+
+def test_the_experiments_table_shows_each_experiment_of_the_run(
+    viewer_client: Client, run: AgentRun, experiment: Experiment, engineer: User
+) -> None:
+    started = timezone.now() - timezone.timedelta(minutes=3, seconds=5)
+    finish(experiment, Experiment.Status.SUCCEEDED, started_at=started,
+           finished_at=started + timezone.timedelta(minutes=2, seconds=30),
+           summary={"comparisons": [
+               comparison(9.0, 10.0, variant="batch=1"), comparison(8.0, 10.0, variant="batch=8"),
+               comparison(99.0, 1.0, metric="memory_mb"),
+               comparison(99.0, 1.0, probe="other-bench")]})
+    run.experiments.add(experiment)
+    hypothesis = Hypothesis.objects.create(run=run, title="Batches <amortise> the launch")
+    hypothesis.experiments.add(experiment)
+    Step.objects.create(run=run, number=2, summary="Asked for it.", experiment=experiment)
+    Step.objects.create(run=run, number=3, summary="Read it.", experiment=experiment)
+    # One a step names without the run's link, and one of another run: not on this page.
+    named = Experiment.objects.create(target=run.target, candidate_commit="d" * 40,
+                                      baseline_commit="b" * 40, status="running",
+                                      started_at=timezone.now())
+    Step.objects.create(run=run, number=4, summary="Tried fp16 <quickly>.", experiment=named)
+    other = Experiment.objects.create(target=run.target, candidate_commit="e" * 40,
+                                      baseline_commit="b" * 40)
+
+    rows = experiments_table(page(viewer_client, run))
+
+    assert len(rows) == 2
+    first, second = rows
+    assert first[0] == f'<a href="/experiments/{experiment.pk}/">{experiment.pk}</a>'
+    assert first[1] == (f'<span class="badge succeeded" data-experiment-status="{experiment.pk}">'
+                        "succeeded</span>")
+    assert first[2] == '<a href="#step-2">step 2</a>: Batches &lt;amortise&gt; the launch'
+    # The medians of the goal metric's cells, 8.5 over 10; other metrics and probes left out.
+    assert first[3] == "0.850\N{MULTIPLICATION SIGN}"
+    assert f'datetime="{started.isoformat()[:19]}' in first[4]
+    assert first[5] == "2 min 30 s"
+    assert second[0] == f'<a href="/experiments/{named.pk}/">{named.pk}</a>'
+    assert "badge running" in second[1]
+    assert second[2] == '<a href="#step-4">step 4</a>: Tried fp16 &lt;quickly&gt;.'
+    assert "\N{EN DASH}" in second[3]  # not measured
+    assert f"/experiments/{other.pk}/" not in str(rows)
+
+
+def test_no_experiment_yet_says_so(viewer_client: Client, run: AgentRun) -> None:
+    text = page(viewer_client, run)
+
+    assert experiments_table(text) == [["No experiment yet."]]
+    assert "<h2>Trials</h2>" not in text  # nothing to draw
+
+
+def test_the_experiments_table_is_a_live_part_of_the_page(
+    viewer_client: Client, run: AgentRun, experiment: Experiment, viewer: User
+) -> None:
+    """It is in #run-trials, which the live partial swaps and RunConsumer.refresh_ids names."""
+    run.experiments.add(experiment)
+    consumer = RunConsumer()
+    consumer.object_id = run.pk
+    consumer.scope = {"user": viewer}
+    before, last = consumer.render_after(0)
+    finish(experiment, Experiment.Status.FAILED)
+    run_event(run_id=run.pk, kind="experiment", message=f"Experiment {experiment.pk} failed.")
+
+    after, _ = consumer.render_after(last)
+    partial = page(viewer_client, run, "?after=0", **{"HX-Request": "true"})
+
+    assert "run-trials" in RunConsumer.refresh_ids
+    for frame, status in ((before, "queued"), (after, "failed"), (partial, "failed")):
+        section = re.search(r'<section id="run-trials" hx-swap-oob="true">(.*?)</section>',
+                            frame, re.S)
+        assert section is not None
+        assert f'<span class="badge {status}" data-experiment-status="{experiment.pk}">' \
+            in section.group(1)
+
+
+def test_the_page_reads_a_fixed_number_of_queries_however_many_experiments(
+    viewer_client: Client, run: AgentRun, django_assert_max_num_queries: Any
+) -> None:
+    def add_experiments(first: int, count: int) -> None:
+        for number in range(first, first + count):
+            made = Experiment.objects.create(
+                target=run.target, candidate_commit="c" * 40, baseline_commit="b" * 40,
+                status="succeeded", summary={"comparisons": [comparison(9.0 + number, 10.0)]})
+            run.experiments.add(made)
+            Hypothesis.objects.create(run=run, title=f"idea {number}").experiments.add(made)
+            Step.objects.create(run=run, number=number, summary="s", experiment=made)
+
+    add_experiments(1, 2)
+    with django_assert_max_num_queries(60) as few:
+        page(viewer_client, run)
+    add_experiments(3, 20)
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        text = page(viewer_client, run)
+    assert len(experiments_table(text)) == 22
