@@ -1,4 +1,4 @@
-"""The run page's websocket: 'new events up to N' in, rendered rows out.
+"""The run page's websocket: 'new events up to N' in, rendered rows out; and the dashboard's.
 
 Session and role re-checks, frame limits and the fetch-over-HTTP frame come from
 infraops.consumers.SequencedLogConsumer.
@@ -6,19 +6,22 @@ infraops.consumers.SequencedLogConsumer.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
 from collections import OrderedDict
 from typing import Any
 
+from channels.db import database_sync_to_async
 from django.template.loader import render_to_string
 
-from agents.events import run_group
+from agents.events import RUNS_GROUP, run_group
 from agents.models import AgentRun, RunEvent
-from agents.views import RUN_READ, load_ledger
-from infraops.access import scoped, target_roles
-from infraops.consumers import BATCH, SequencedLogConsumer
+from agents.views import RUN_READ, dashboard_live, load_ledger
+from infraops.access import scoped, target_roles, visible_target_ids
+from infraops.consumers import BATCH, GuardedConsumer, SequencedLogConsumer
+from reviews.live import REVIEWS_GROUP
 
 
 class RunConsumer(SequencedLogConsumer):
@@ -117,3 +120,79 @@ class Frames:
 FRAME_SECONDS = 5.0
 FRAMES = Frames()  # (html, last row) under everything the frame shows
 LATEST = Frames()  # (row number read at, (html, last row)) under the rows' start and roles
+
+
+DASHBOARD_SECONDS = 1.0  # a dashboard re-renders at most this often while runs move
+
+
+class DashboardConsumer(GuardedConsumer):
+    """The dashboard's socket: its goals and recent runs, re-rendered for this user (the
+    targets they see, read afresh) when a run it shows moves, a run starts, or a change's
+    status moves; at most every DASHBOARD_SECONDS, however fast the runs log.
+
+    It follows the active runs' own groups (their event notices) and the "runs" group (a run
+    started: follow it too) and the review group (a merge moves a goal's progress), so no
+    writer sends anything for dashboards alone."""
+
+    _following: set[str]
+    _pending: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        self._following = set()
+        if not await self.guard_connect():
+            return
+        await self._follow([RUNS_GROUP, REVIEWS_GROUP])
+        await self.runs_started({})  # the page may be older than the socket: catch up now
+
+    async def disconnect(self, code: int) -> None:
+        await super().disconnect(code)
+        if self._pending is not None:
+            self._pending.cancel()
+        for group in self._following:
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """The client has nothing to say on this socket."""
+
+    async def _follow(self, groups: list[str]) -> None:
+        for group in groups:
+            if group not in self._following:
+                self._following.add(group)
+                await self.channel_layer.group_add(group, self.channel_name)
+
+    async def runs_started(self, event: dict[str, Any]) -> None:
+        await self._follow(await database_sync_to_async(self._active_run_groups)())
+        self._soon()
+
+    async def run_events(self, event: dict[str, Any]) -> None:
+        self._soon()
+
+    async def reviews_changed(self, event: dict[str, Any]) -> None:
+        self._soon()
+
+    def _soon(self) -> None:
+        if self._pending is None or self._pending.done():
+            self._pending = asyncio.create_task(self._send_later())
+
+    async def _send_later(self) -> None:
+        await asyncio.sleep(DASHBOARD_SECONDS)
+        html = await database_sync_to_async(self.render)()
+        if html:
+            await self.guarded_send(html)
+
+    def _user(self) -> Any:
+        return self._session_user()
+
+    def _active_run_groups(self) -> list[str]:
+        user = self._user()
+        if user is None:
+            return []
+        runs = scoped(AgentRun.objects.filter(status__in=AgentRun.active_statuses()), user)
+        return [run_group(pk) for pk in runs.values_list("pk", flat=True)]
+
+    def render(self) -> str:
+        user = self._user()
+        if user is None:
+            return ""  # signed out meanwhile: the re-check closes the socket
+        return render_to_string("agents/dashboard.html#dashboard-live",
+                                dashboard_live(visible_target_ids(user)))

@@ -12,6 +12,8 @@ from django.db import connection, transaction
 from agents.models import AgentRun, RunEvent
 from infraops.live import notify
 
+RUNS_GROUP = "runs"  # a run started: the dashboards follow its group too
+
 
 def run_group(run_id: int) -> str:
     return f"run-{run_id}"

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import Count
+
 from infraops.models import Goal
 from reviews.models import Change
 
@@ -62,3 +64,99 @@ def evolution(goal: Goal) -> list[Point]:
                             base * high if isinstance(high, int | float) else None,
                             unit, change.pk))
     return points
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A goal as the dashboard shows it: how far its merged changes moved the metric from the
+    base, against its target, and what is going on for it now."""
+
+    goal: Goal
+    base: float | None  # the base's median of the goal metric, before the first merged change
+    head: float | None  # the last merged change's median
+    unit: str
+    active_runs: int
+    merged: int
+    awaiting_review: int
+
+    @property
+    def gain(self) -> float | None:
+        """The improvement so far as a share of the base (positive: better), or None."""
+        if self.base is None or self.head is None or self.base == 0:
+            return None
+        moved = (self.head - self.base) / abs(self.base)
+        return -moved if self.goal.direction == Goal.Direction.MINIMIZE else moved
+
+    @property
+    def gain_text(self) -> str:
+        """'5.2% better' / '1.0% worse', from the base to the last merged change."""
+        gain = self.gain
+        if gain is None:
+            return ""
+        return f"{abs(gain):.1%} {'better' if gain >= 0 else 'worse'}"
+
+    @property
+    def moved(self) -> str:
+        """'10 → 8.5 ms': the base's median and the last merged change's."""
+        if self.base is None or self.head is None:
+            return ""
+        return f"{self.base:.4g} → {self.head:.4g} {self.unit}".rstrip()
+
+    @property
+    def done(self) -> float | None:
+        """The share of the goal's target reached (0 to 1), or None without a target or a
+        measurement: the relative target when it has one, else the way to the absolute one."""
+        gain = self.gain
+        if gain is None or self.base is None or self.head is None:
+            return None
+        if self.goal.relative_target:
+            return min(max(gain / self.goal.relative_target, 0.0), 1.0)
+        if self.goal.absolute_target is not None and self.goal.absolute_target != self.base:
+            way = (self.head - self.base) / (self.goal.absolute_target - self.base)
+            return min(max(way, 0.0), 1.0)
+        return None
+
+
+def goal_progress(target_ids: list[int] | None) -> list[Progress]:
+    """Every goal of these targets (None: every target) with its progress, in four queries
+    whatever the number of goals: the dashboard's list."""
+    from agents.models import AgentRun
+
+    goals = Goal.objects.select_related("target", "boundary").order_by("target__name", "name")
+    runs = AgentRun.objects.filter(status__in=AgentRun.active_statuses())
+    changes = Change.objects.filter(goal__isnull=False)
+    if target_ids is not None:
+        goals = goals.filter(target_id__in=target_ids)
+        runs = runs.filter(target_id__in=target_ids)
+        changes = changes.filter(target_id__in=target_ids)
+    active = dict(runs.values("goal_version__goal_id").annotate(n=Count("id"))
+                  .values_list("goal_version__goal_id", "n"))
+    counts: dict[tuple[int, str], int] = {
+        (goal, status): n for goal, status, n in
+        changes.values("goal_id", "status").annotate(n=Count("id"))
+        .values_list("goal_id", "status", "n")}
+    summaries: dict[int, list[dict[str, Any]]] = {}
+    for goal_id, summary in (changes.filter(status=Change.Status.MERGED)
+                             .order_by("merged_at", "pk")
+                             .values_list("goal_id", "experiment__summary")):
+        summaries.setdefault(goal_id, []).append(summary or {})
+    result = []
+    for goal in goals:
+        measured = [row for summary in summaries.get(goal.pk, [])
+                    if (row := _goal_row(summary, goal)) is not None]
+        result.append(Progress(
+            goal, float(measured[0]["baseline_median"]) if measured else None,
+            float(measured[-1]["candidate_median"]) if measured else None,
+            str(measured[0].get("unit") or "") if measured else "",
+            active.get(goal.pk, 0), counts.get((goal.pk, Change.Status.MERGED), 0),
+            counts.get((goal.pk, Change.Status.PENDING_REVIEW), 0)))
+    return result
+
+
+def _goal_row(summary: dict[str, Any], goal: Goal) -> dict[str, Any] | None:
+    """The summary's comparison of the goal metric (its first cell) with both medians."""
+    for row in summary.get("comparisons", []):
+        if row.get("probe") == goal.probe and row.get("metric") == goal.metric and \
+                row.get("baseline_median") and row.get("candidate_median") is not None:
+            return dict(row)
+    return None

@@ -20,7 +20,7 @@ from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from agents.events import run_event
+from agents.events import RUNS_GROUP, run_event
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
 from agents.policies import policy_of
 from agents.policies.outcome import StepOutcome
@@ -28,6 +28,7 @@ from agents.policies.shared import remove_worktree
 from infraops import gitops
 from infraops.access import has_target_role, target_roles
 from infraops.errors import DomainError
+from infraops.live import notify
 from infraops.models import Experiment, Goal
 from infraops.roles import ENGINEER, REVIEWER
 from infraops.services.audit import audit_record
@@ -81,6 +82,7 @@ def run_start(*, goal: Goal, user: User | AnonymousUser) -> AgentRun:
                               f"{goal.name!r} v{version.number}, base {run.base_commit[:10]}.")
             audit_record(actor=user, action="run.start", obj=run,
                          data={"goal_version": version.pk})
+            notify(RUNS_GROUP, {"type": "runs.started"})
             _enqueue_step(run)
     except queue_errors():
         if run is None or run.pk is None or not AgentRun.objects.filter(pk=run.pk).exists():

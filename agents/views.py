@@ -20,7 +20,7 @@ from django.views.decorators.http import require_POST
 
 from agents import services
 from agents.charts import evolution_svg
-from agents.goals import evolution
+from agents.goals import evolution, goal_progress
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
 from infraops.access import (
     HtmxHttpRequest,
@@ -58,9 +58,15 @@ def dashboard(request: HtmxHttpRequest) -> HttpResponse:
     every, params = ids is None, ([] if ids is None else [ids])
     return render(request, "agents/dashboard.html", {
         "targets": _TARGETS[every].all(*params),
-        "runs": _RECENT_RUNS[every].all(*params),
         "pending_reviews": awaiting_count(request, []),
-    })
+    } | dashboard_live(ids))
+
+
+def dashboard_live(target_ids: list[int] | None) -> dict[str, Any]:
+    """What the dashboard keeps live (agents.consumers.DashboardConsumer re-renders it): the
+    goals with their progress and the recent runs, of these targets (None: every target)."""
+    every, params = target_ids is None, ([] if target_ids is None else [target_ids])
+    return {"goals": goal_progress(target_ids), "runs": _RECENT_RUNS[every].all(*params)}
 
 
 def goal_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
