@@ -4,6 +4,7 @@ the test database and Redis, and Debian's Chromium driven by Playwright."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -109,3 +110,33 @@ def _wait_for(url: str, processes: list[subprocess.Popen[bytes]]) -> None:
         except OSError:
             time.sleep(0.3)
     raise RuntimeError(f"{url} did not answer within 60 s")
+
+
+class NetworkSwitch:
+    """A page's websockets through a switch, as a dropped network would treat them: `down()`
+    cuts every open socket (an abnormal closure, code 1006, as the browser reports a lost
+    connection) and refuses new ones; `up()` lets them through again. Chromium's offline mode
+    leaves open websockets alone, so it cannot show a page surviving a drop."""
+
+    def __init__(self, page: Any) -> None:
+        self.is_up = True
+        self.opened = 0  # sockets let through to the server, reconnections included
+        self.routes: list[tuple[Any, Any]] = []
+        page.route_web_socket(re.compile(r"/ws/"), self._route)
+
+    def _route(self, socket: Any) -> None:
+        if not self.is_up:
+            socket.close(code=1006, reason="network down")
+            return
+        self.opened += 1
+        self.routes.append((socket, socket.connect_to_server()))
+
+    def down(self) -> None:
+        self.is_up = False
+        for route, server in self.routes:
+            route.close(code=1006, reason="network down")
+            server.close()
+        self.routes.clear()
+
+    def up(self) -> None:
+        self.is_up = True

@@ -5,6 +5,7 @@ change lands on the example's branch."""
 from __future__ import annotations
 
 import re
+import time
 import tomllib
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from agents.models import AgentRun
 from infraops import gitops
 from infraops.models import Experiment, Goal, ProbeExecution
 from reviews.models import Change
+from tests.e2e.conftest import NetworkSwitch
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -38,12 +40,19 @@ def test_an_engineer_runs_the_tuner_live_and_a_reviewer_approves_the_merge(
 ) -> None:
     base = live_system
     target = example_goal.target
+    network = NetworkSwitch(page)
     sign_in(page, base, engineer.username)
-    page.get_by_role("link", name=target.name).click()
+    # The targets list (the goals table links each goal's target too).
+    page.locator("#dashboard-targets").get_by_role("link", name=target.name).click()
     page.get_by_role("button", name="Start a run").click()
     expect(page).to_have_url(re.compile(r"/runs/\d+/$"))
     # A marker that survives only while the page is not reloaded: the steps must arrive live.
     page.evaluate("window.__notReloaded = true")
+    # The dashboard, in a tab of its own, follows the run to its end without a reload.
+    dashboard = page.context.new_page()
+    dashboard.goto(f"{base}/")
+    dashboard.evaluate("window.__notReloaded = true")
+    expect(dashboard.locator("#dashboard-runs")).to_contain_text("running")
 
     events = page.locator("#run-events")
     expect(events).to_contain_text(re.compile(r"Experiment \d+ queued"), timeout=60_000)
@@ -60,9 +69,23 @@ def test_an_engineer_runs_the_tuner_live_and_a_reviewer_approves_the_merge(
     expect(watcher.locator("#chart-ab .main-svg").first).to_be_visible(timeout=30_000)
     assert watcher.evaluate("window.__notReloaded") is True
     watcher.close()
+    # The network drops for a few seconds while the run logs, then comes back: the sockets
+    # reconnect and the page fetches what it missed (the exact count of rows is checked at
+    # the end).
+    opened = network.opened
+    network.down()
+    page.wait_for_timeout(4_000)
+    network.up()
+    deadline = time.monotonic() + 90
+    while network.opened < opened + 2 and time.monotonic() < deadline:  # nav and run sockets
+        page.wait_for_timeout(250)
+    assert network.opened >= opened + 2, "the page's sockets never reconnected"
     expect(events).to_contain_text("Submitted the best configuration", timeout=180_000)
     expect(page.locator("#run-status")).to_have_text("succeeded")
     assert page.evaluate("window.__notReloaded") is True
+    expect(dashboard.locator("#dashboard-runs")).to_contain_text("succeeded", timeout=30_000)
+    assert dashboard.evaluate("window.__notReloaded") is True
+    dashboard.close()
     # The budget and the controls follow the run live too: no Pause on a finished run.
     expect(page.get_by_role("button", name="Pause")).to_have_count(0)
 
