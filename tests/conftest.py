@@ -21,6 +21,8 @@ from infraops.services.goals import goal_snapshot
 from infraops.services.targets import first_role, target_add_role_holders, target_register
 
 EXAMPLE = Path(settings.BASE_DIR) / "examples" / "tiny-serving"
+DEMO = Path(settings.BASE_DIR) / "examples" / "demo-kernels"
+CASE_MANIFESTS = Path(settings.BASE_DIR) / "examples" / "cases"
 
 
 class UserFactory(factory.django.DjangoModelFactory[User]):
@@ -116,6 +118,15 @@ def outside(tmp_path: Path) -> Path:
     folder.mkdir()
     (folder / "secret.txt").write_text("API_KEY=sk-outside\n")
     return folder
+
+
+def case_source(tmp_path: Path, case: str) -> Path:
+    """The demo repository (examples/demo-kernels) under one case's manifest
+    (examples/cases/<case>.toml): the three cases of docs/product.md, each on its own."""
+    source = tmp_path / f"{case}-source"
+    shutil.copytree(DEMO, source, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copyfile(CASE_MANIFESTS / f"{case}.toml", source / "infraops.toml")
+    return source
 
 
 def make_origin(tmp_path: Path, source: Path = EXAMPLE, name: str = "origin.git") -> Path:

@@ -30,6 +30,7 @@ from agents.models import AgentRun, RunMessage
 from agents.policies.outcome import Finish, StepOutcome
 from agents.policies.shared import (
     Refusal,
+    boundary,
     commit_worktree,
     fresh_worktree,
     pinned_manifest,
@@ -41,6 +42,7 @@ from infraops.errors import DomainError
 from infraops.manifest import Knob, knob_apply, knob_read, knob_values
 from infraops.models import Experiment
 from infraops.samples import MetricComparison
+from reviews.diff_policy import path_violations
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 # BruteForceSampler is marked experimental since optuna 3.1; its ask/tell use is stable.
@@ -144,7 +146,11 @@ def stuck(run: AgentRun) -> str:
 def act(run: AgentRun, prepared: None, thought: None) -> StepOutcome:
     """One tuner action: read the last experiment, or try the next configuration, or submit."""
     spec = run.goal_version.spec
-    knobs = list(pinned_manifest(run).knobs)
+    knobs = turnable(run)
+    if not knobs:
+        text = ("None of the manifest's knobs is in a file this goal's boundary lets the run "
+                f"edit ({', '.join(spec['boundary']['editable_paths']) or 'none'}).")
+        return StepOutcome(text, "", finish=Finish(AgentRun.Status.FAILED, text))
     trials: list[dict[str, Any]] = run.state.setdefault("trials", [])
     _read_messages(run, knobs)
     pending = next((t for t in trials if t.get("objective") is None and not t.get("failed")), None)
@@ -153,6 +159,22 @@ def act(run: AgentRun, prepared: None, thought: None) -> StepOutcome:
     if not run.state.get("stop") and _more_to_try(run, knobs, trials, spec):
         return _try(run, knobs, trials, spec)
     return _submit(run, trials, spec)
+
+
+def judged_probes(spec: dict[str, Any]) -> list[str]:
+    """The goal's probe, then those its criteria read: every trial is judged on the criteria,
+    so the configuration submitted comes with its verdicts, not with criteria left unmeasured
+    (a goal may count instructions where its time is too noisy to judge)."""
+    return list(dict.fromkeys([spec["probe"], *(c["probe"] for c in spec["criteria"])]))
+
+
+def turnable(run: AgentRun) -> list[Knob]:
+    """The manifest's knobs in files the run's boundary lets it edit: a change to any other
+    would be refused at submission (a target whose goals each own part of its code, such as
+    the demo's three cases, declares knobs for all of them)."""
+    policy = boundary(run)
+    return [knob for knob in pinned_manifest(run).knobs
+            if not path_violations(knob.file, policy)]
 
 
 def _call(name: str, arguments: dict[str, Any], ok: bool, content: str,
@@ -242,7 +264,7 @@ def _try(run: AgentRun, knobs: list[Knob], trials: list[dict[str, Any]],
     commit = _commit_configuration(run, knobs, params)
     try:
         experiment = request_experiment(
-            run, commit=commit, probes=[spec["probe"]],
+            run, commit=commit, probes=judged_probes(spec),
             origin=f"run {run.pk}, trial {trial['number']}", describe=f"{shown(params)} vs base")
     except Refusal as exc:
         trial["failed"] = True

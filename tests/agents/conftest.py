@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
+from agents.scripted.endpoint import OpenAIStub
 from infraops.models import AcceptanceCriterion, Boundary, Goal, Target
 from infraops.services.goals import goal_snapshot
-from tests.agents.openai_stub import OpenAIStub
 
 API_KEY = "sk-test-live-key-0123456789"
 SECRET = "db-password-sentinel-42"

@@ -1,5 +1,5 @@
 """The agent's experiment and workspace tools in scripted LLM runs: a scripted agent
-(tests/e2e/scripted_agent.py) behind the real local OpenAI-compatible server calls them as a
+(agents/scripted/agent.py) behind the real local OpenAI-compatible server calls them as a
 model would, on the example cases of examples/cases, and reads each result in the request of
 the next step. Steps run in this process (one run_step each, as the agent worker would), and
 an experiment a step asked for runs here too, sandboxed.
@@ -13,20 +13,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import User
 
 from agents.models import AgentRun, Step
+from agents.scripted.agent import Script, ScriptedAgent, Turn, call
+from agents.scripted.endpoint import OpenAIStub
 from agents.services import run_start
 from infraops.models import Boundary, Experiment, Goal, Target
 from infraops.services.goals import goal_snapshot
 from infraops.services.targets import target_register
-from tests.agents.openai_stub import OpenAIStub
 from tests.agents.test_llm_runs import step
-from tests.conftest import make_origin, members_of_new_target
-from tests.e2e.scripted_agent import Script, ScriptedAgent, Turn, call
+from tests.conftest import case_source, make_origin, members_of_new_target
 
-CASES = Path(settings.BASE_DIR) / "examples" / "cases"
 NEW_TOOLS = {"list_probes", "probe_error", "compare_experiments", "case_detail", "span_summary"}
 
 
@@ -34,7 +32,7 @@ NEW_TOOLS = {"list_probes", "probe_error", "compare_experiments", "case_detail",
 def case_goal(db: None, tmp_path: Path, engineer: User, stub: OpenAIStub
               ) -> Callable[..., Goal]:
     def make(case: str, probe: str, metric: str, editable: str) -> Goal:
-        origin = make_origin(tmp_path, CASES / case, f"{case}.git")
+        origin = make_origin(tmp_path, case_source(tmp_path, case), f"{case}.git")
         target: Target = members_of_new_target(
             target_register(name=case, repo_url=str(origin), base_branch="main"))
         goal = Goal.objects.create(target=target, name=f"{case} agent", probe=probe,

@@ -30,6 +30,7 @@ from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 
 from agents.models import AgentRun, RunEvent
+from agents.scripted.endpoint import OpenAIStub, completion
 from agents.services import run_start
 from infraops import gitops
 from infraops.models import AcceptanceCriterion, Boundary, Goal
@@ -37,7 +38,6 @@ from infraops.services.goals import goal_snapshot
 from infraops.services.targets import target_register
 from reviews.models import Change, ReviewDecision
 from tests.agents.conftest import API_KEY
-from tests.agents.openai_stub import OpenAIStub, completion
 from tests.agents.test_llm_runs import call, sent_text, step
 from tests.conftest import EXAMPLE, make_origin, members_of_new_target
 

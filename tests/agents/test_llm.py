@@ -1,4 +1,4 @@
-"""agents/llm.py against a real local OpenAI-compatible server (tests/agents/openai_stub.py)."""
+"""agents/llm.py against a real local OpenAI-compatible server (agents/scripted/endpoint.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from agents.llm import (
     redact,
     redact_messages,
 )
-from tests.agents.openai_stub import (
+from agents.scripted.endpoint import (
     OpenAIStub,
     StubReply,
     completion,

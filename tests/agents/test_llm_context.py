@@ -12,9 +12,9 @@ from django.contrib.auth.models import User
 from agents.models import AgentRun, Hypothesis, Step
 from agents.policies import llm as policy
 from agents.policies.shared import ensure_worktree
+from agents.scripted.endpoint import OpenAIStub
 from agents.services import run_start
 from infraops.models import Experiment, Goal
-from tests.agents.openai_stub import OpenAIStub
 
 
 def started(llm_goal: Callable[..., Goal], engineer: User, capture: Any) -> AgentRun:

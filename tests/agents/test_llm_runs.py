@@ -17,6 +17,7 @@ from django.test import Client
 
 from agents.consumers import RunConsumer
 from agents.models import AgentRun, Hypothesis, RunMessage
+from agents.scripted.endpoint import OpenAIStub, completion, malformed, rate_limited
 from agents.services import hypothesis_add, run_message_add, run_start, run_step
 from infraops import gitops
 from infraops.models import Boundary, Experiment, Goal, Target
@@ -24,7 +25,6 @@ from infraops.services.experiments import experiment_execute
 from infraops.services.goals import goal_snapshot
 from reviews.models import Change
 from tests.agents.conftest import API_KEY, SECRET
-from tests.agents.openai_stub import OpenAIStub, completion, malformed, rate_limited
 
 
 def call(name: str, **arguments: Any) -> tuple[str, str]:
@@ -482,8 +482,8 @@ def test_pause_during_a_slow_model_call_takes_effect_at_once_and_the_reply_is_no
 
     from django.db import connection
 
+    from agents.scripted.endpoint import StubReply
     from agents.services import run_pause
-    from tests.agents.openai_stub import StubReply
 
     goal = Goal.objects.create(target=example_target, name="slow", probe="latency-bench",
                                metric="latency_ms", policy=Goal.Policy.LLM, owner=engineer)

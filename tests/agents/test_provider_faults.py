@@ -13,9 +13,9 @@ from typing import Any
 from django.contrib.auth.models import User
 
 from agents.models import AgentRun
+from agents.scripted.endpoint import OpenAIStub, completion, rate_limited, server_error
 from agents.services import run_resume, run_start
 from infraops.models import Goal
-from tests.agents.openai_stub import OpenAIStub, completion, rate_limited, server_error
 from tests.agents.test_llm_runs import call, step
 
 
@@ -119,7 +119,7 @@ def test_an_endpoint_that_refuses_the_key_fails_the_run_at_once(
     stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
     django_capture_on_commit_callbacks: Any,
 ) -> None:
-    from tests.agents.openai_stub import StubReply
+    from agents.scripted.endpoint import StubReply
 
     goal = llm_goal()
     stub.push(StubReply(401, {"error": {"message": "bad key", "type": "auth", "param": None,

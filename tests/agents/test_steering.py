@@ -15,10 +15,10 @@ from agents import services
 from agents.models import AgentRun, RunMessage
 from agents.policies import llm as llm_policy
 from agents.policies import tuner
+from agents.scripted.endpoint import OpenAIStub, completion
 from agents.services import run_message_add, run_pause, run_start, run_step
 from infraops import gitops
 from infraops.models import Experiment, Goal
-from tests.agents.openai_stub import OpenAIStub, completion
 from tests.agents.test_llm_runs import call, step
 
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")

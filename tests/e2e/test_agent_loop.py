@@ -1,10 +1,11 @@
 """The agent loop through the real processes, with a model played by test code: a scripted
-agent (tests/e2e/scripted_agent.py) behind the real local OpenAI-compatible server reads what
+agent (agents/scripted/agent.py) behind the real local OpenAI-compatible server reads what
 each request carries (tool results, experiment feedback) and decides its next call from it,
 as a model would. Steps run on the agent worker, experiments on the experiments worker.
 
-- A real precision bug (examples/cases/kda-cp-precision: the context-parallel merge's dot in
-  TF32) is found and fixed from the feedback alone, and the fix reaches the review queue.
+- A real precision bug (the demo's kda/merge.py under examples/cases/kda-cp-precision.toml:
+  the context-parallel merge's dot in TF32) is found and fixed from the feedback alone, and the
+  fix reaches the review queue.
 - A failing model endpoint (429, 500s, dropped connections) is waited out with backoff, pauses
   the run past the retry window, and Resume completes it.
 """
@@ -18,22 +19,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 
 from agents.models import AgentRun, Step
+from agents.scripted.agent import Script, ScriptedAgent, Turn, call
+from agents.scripted.endpoint import OpenAIStub, rate_limited, server_error
 from agents.services import run_resume, run_start
 from infraops.models import Boundary, Experiment, Goal, Target
 from infraops.services.goals import goal_snapshot
 from infraops.services.targets import target_register
 from reviews.models import Change
-from tests.agents.openai_stub import OpenAIStub, rate_limited, server_error
-from tests.conftest import make_origin, members_of_new_target
-from tests.e2e.scripted_agent import Script, ScriptedAgent, Turn, call
+from tests.conftest import case_source, make_origin, members_of_new_target
 
 pytestmark = pytest.mark.e2e
 API_KEY = "sk-e2e-agent-loop-key-445566778899"
-CASE = Path(django_settings.BASE_DIR) / "examples" / "cases" / "kda-cp-precision"
 ENDED = ["succeeded", "failed", "finished", "cancelled", "paused"]
 RUN_DEADLINE = 900  # seconds; generous: a loaded 2-core machine runs two workers and probes
 
@@ -58,7 +57,8 @@ def live_env(stub: OpenAIStub, retry_seconds: str) -> dict[str, str]:
 
 @pytest.fixture
 def kda_target(transactional_db: None, tmp_path: Path) -> Target:
-    origin = make_origin(tmp_path, CASE, "kda-cp-precision.git")
+    origin = make_origin(tmp_path, case_source(tmp_path, "kda-cp-precision"),
+                         "kda-cp-precision.git")
     return members_of_new_target(
         target_register(name="kda-cp-precision", repo_url=str(origin), base_branch="main"))
 

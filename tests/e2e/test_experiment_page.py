@@ -8,18 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
 from infraops.services.experiments import experiment_request
 from infraops.services.targets import target_register
-from tests.conftest import make_origin, members_of_new_target
+from tests.conftest import case_source, make_origin, members_of_new_target
 from tests.e2e.test_thin_loop import sign_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-CASE = Path(settings.BASE_DIR) / "examples" / "cases" / "kv-transfer-gil"
 CRITERION = {"kind": "relation", "probe": "prefill-kv", "metric": "step_ms",
              "variant": "scenario=prefill_kv", "reference_variant": "scenario=prefill",
              "comparison": "<=", "value": 0.05,
@@ -30,9 +28,9 @@ CRITERION = {"kind": "relation", "probe": "prefill-kv", "metric": "step_ms",
 def test_a_viewer_reads_the_timeline_and_the_criteria_as_the_experiment_ends(
     live_system: str, page: Page, viewer: User, tmp_path: Path
 ) -> None:
+    origin = make_origin(tmp_path, case_source(tmp_path, "kv-transfer-gil"), "kv.git")
     target = members_of_new_target(target_register(
-        name="kv-transfer-gil", repo_url=str(make_origin(tmp_path, CASE, "kv.git")),
-        base_branch="main"))
+        name="kv-transfer-gil", repo_url=str(origin), base_branch="main"))
     experiment = experiment_request(
         target=target, candidate_commit=target.manifest_commit,
         baseline_commit=target.manifest_commit, probes=["prefill-kv"], criteria=[CRITERION])

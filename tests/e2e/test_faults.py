@@ -31,8 +31,8 @@ from django.db import connection
 from playwright.sync_api import Page, expect
 
 from agents.models import AgentRun
+from agents.scripted.endpoint import OpenAIStub, ReceivedRequest, StubReply, completion
 from infraops.models import Boundary, Goal, Target
-from tests.agents.openai_stub import OpenAIStub, ReceivedRequest, StubReply, completion
 from tests.e2e.conftest import _wait_for, free_port, system_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]

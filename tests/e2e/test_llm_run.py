@@ -13,11 +13,11 @@ import pytest
 from django.contrib.auth.models import User
 
 from agents.models import AgentRun
+from agents.scripted.endpoint import OpenAIStub, completion
 from agents.services import run_message_add, run_start
 from infraops.models import AcceptanceCriterion, Boundary, Experiment, Goal, Target
 from infraops.services.goals import goal_snapshot
 from reviews.models import Change
-from tests.agents.openai_stub import OpenAIStub, completion
 
 pytestmark = pytest.mark.e2e
 API_KEY = "sk-e2e-secret-key-000111222333"

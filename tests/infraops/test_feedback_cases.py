@@ -5,30 +5,27 @@ engineers needed to see (issue 4, item 7)."""
 from __future__ import annotations
 
 import re
-import shutil
 import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 
 from infraops import gitops
 from infraops.criteria import evaluate_criterion_ci
 from infraops.models import Experiment, Sample, Target
 from infraops.services.experiments import experiment_execute, experiment_request
 from infraops.services.targets import target_register
-from tests.conftest import make_origin, members_of_new_target
+from tests.conftest import case_source, make_origin, members_of_new_target
 
-CASES = Path(settings.BASE_DIR) / "examples" / "cases"
 WORKER = "cases:1"
 
 
 @pytest.fixture
 def case_target(db: None, tmp_path: Path) -> Callable[[str], Target]:
     def register(name: str) -> Target:
-        origin = make_origin(tmp_path, CASES / name, f"{name}.git")
+        origin = make_origin(tmp_path, case_source(tmp_path, name), f"{name}.git")
         return members_of_new_target(
             target_register(name=name, repo_url=str(origin), base_branch="main"))
 
@@ -219,7 +216,7 @@ def test_performance_names_the_repeated_per_tile_work_and_the_speed_up_with_its_
     django_capture_on_commit_callbacks: Any,
 ) -> None:
     target = case_target("kda-decode-tiles")
-    merged = commit_edit(target, tmp_path, "kernel/decode.py", "MERGE_TILES = False",
+    merged = commit_edit(target, tmp_path, "kernel/tiling.py", "MERGE_TILES = False",
                          "MERGE_TILES = True")
     with django_capture_on_commit_callbacks(execute=False):
         experiment = run(target, merged, "decode-bench")
@@ -234,39 +231,27 @@ def test_performance_names_the_repeated_per_tile_work_and_the_speed_up_with_its_
     assert re.search(r"count 80 -> 20", repeated[0]["detail"])
 
 
-COUNT_PROBE = """
-import math, os, re
-merge = re.search(r"(?m)^MERGE_TILES = (True|False)", open("kernel/decode.py").read()).group(1)
-q = [math.sin(i) for i in range(64)]
-for step in range(300):
-    for tile in range(1 if merge == "True" else 4):
-        norm = math.sqrt(sum(x * x for x in q))  # the per-tile normalisation
-        gate = [1 / (1 + math.exp(-x)) for x in q]
-open(os.environ["INFRAOPS_OUT"] + "/metrics.jsonl", "w").write("")
-"""
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_probe_that_asks_for_instructions_gets_callgrind_counts_that_detect_the_change(
     tmp_path: Path,
 ) -> None:
     # Committed rows: ten runs under callgrind outlast a lease renewal, which happens on the
     # heartbeat thread's own connection and must see the experiment.
-    source = tmp_path / "src"
-    shutil.copytree(CASES / "kda-decode-tiles", source)
+    source = case_source(tmp_path, "kda-decode-tiles")
     manifest = source / "infraops.toml"
     text = manifest.read_text().replace("repeat = 6", 'repeat = 5\nmeasure = "instructions"')
-    # numpy's import alone costs seconds under callgrind: a pure-Python model of the kernel.
-    manifest.write_text(text.replace("python3 bench/decode_bench.py", "python3 -S bench/count.py"))
-    (source / "bench" / "count.py").write_text(COUNT_PROBE)
+    # numpy's import alone costs seconds under callgrind: the demo's count probe runs the
+    # kernel's blocks in plain Python.
+    manifest.write_text(text.replace("python3 bench/decode_bench.py",
+                                     "python3 -S bench/decode_count.py"))
     origin = make_origin(tmp_path, source, "instr.git")
     target = members_of_new_target(
         target_register(name="instr", repo_url=str(origin), base_branch="main"))
-    merged = commit_edit(target, tmp_path, "kernel/decode.py", "MERGE_TILES = False",
+    merged = commit_edit(target, tmp_path, "kernel/tiling.py", "MERGE_TILES = False",
                          "MERGE_TILES = True")
     experiment = Experiment.objects.create(  # not experiment_request: nothing is sent
         target=target, candidate_commit=merged, baseline_commit=target.manifest_commit,
-        probes=["decode-bench"], changed_paths=["kernel/decode.py"],
+        probes=["decode-bench"], changed_paths=["kernel/tiling.py"],
         manifest_sha256=target.manifest_sha256)
     result = experiment_execute(experiment_id=experiment.pk, worker=WORKER)
     assert result is not None and result.status == "succeeded", result and result.failure_reason

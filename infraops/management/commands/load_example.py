@@ -1,12 +1,19 @@
-"""manage.py load_example: register the bundled example target with a goal. Idempotent."""
+"""manage.py load_example [NAME]: register a bundled example as a target with its goals
+(examples/NAME.goals.toml), each with its boundary and criteria. Idempotent: a second load
+adds what is missing and changes nothing else. (`manage.py start_runs NAME` then starts a run
+on each goal: the standalone's showcase.)
+"""
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
 from infraops import gitops
 from infraops.errors import DomainError
@@ -18,43 +25,75 @@ EXAMPLES = Path(settings.BASE_DIR) / "examples"
 
 
 class Command(BaseCommand):
-    help = "Register examples/tiny-serving as a target (a bare repo in the data folder)."
+    help = "Register a bundled example (examples/NAME) as a target with its goals."
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--name", default="tiny-serving")
+        parser.add_argument("name", nargs="?", default="tiny-serving")
+        parser.add_argument("--name", dest="name_option", help="The same as NAME (older form).")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        name = options["name"]
+        name = options["name_option"] or options["name"]
         source = EXAMPLES / name
         if not (source / "infraops.toml").is_file():
             raise CommandError(f"No example named {name!r} in {EXAMPLES}.")
+        target = self._target(name, source)
+        goals = [self._goal(target, spec) for spec in _goal_specs(name)]
+        # The first users (standalone makes them before the example) see it in their role.
+        joined = target_add_role_holders(target=target)
+        names = ", ".join(user.get_username() for user in joined)
+        members = f"; members added: {names}" if joined else ""
+        self.stdout.write(f"Example target {target.name} ready, goals: "
+                          f"{', '.join(repr(g.name) for g in goals)}{members}.")
+
+    def _target(self, name: str, source: Path) -> Target:
         origin = Path(settings.DATA_DIR) / "examples" / f"{name}.git"
         if not origin.exists():
             origin.parent.mkdir(parents=True, exist_ok=True)
             gitops.repo_init_from_dir(source, origin, branch="main",
                                       message=f"{name}: the bundled example")
         target = Target.objects.filter(name=name).first()
-        if target is None:
-            try:
-                target = target_register(name=name, repo_url=str(origin), base_branch="main",
-                                         push_on_merge=True)
-            except DomainError as exc:
-                raise CommandError(str(exc)) from None
-        goal, created = Goal.objects.get_or_create(
-            target=target, name="Lower per-request latency",
-            defaults={"probe": "latency-bench", "metric": "latency_ms", "direction": "minimize",
-                      "relative_target": 0.10, "policy": Goal.Policy.TUNER},
-        )
-        if created:
-            Boundary.objects.create(goal=goal, editable_paths="config/**", max_experiments=8,
-                                    max_steps=40, max_diff_lines=20)
-            AcceptanceCriterion.objects.create(
-                goal=goal, kind=AcceptanceCriterion.Kind.RELATIVE, probe="latency-bench",
-                metric="latency_ms", comparison="<=", value=-0.05)
-            goal_snapshot(goal=goal)
-        # The first users (standalone makes them before the example) see it in their role.
-        joined = target_add_role_holders(target=target)
-        names = ", ".join(user.get_username() for user in joined)
-        members = f"; members added: {names}" if joined else ""
-        self.stdout.write(f"Example target {target.name} ready ({origin}), goal {goal.name!r}"
-                          f"{members}.")
+        if target is not None:
+            return target
+        try:
+            return target_register(name=name, repo_url=str(origin), base_branch="main",
+                                   push_on_merge=True)
+        except DomainError as exc:
+            raise CommandError(str(exc)) from None
+
+    def _goal(self, target: Target, spec: dict[str, Any]) -> Goal:
+        """The goal of that name, made with its boundary and criteria when it is new."""
+        found = Goal.objects.filter(target=target, name=spec["name"]).first()
+        if found is not None:
+            return found
+        fields = {k: v for k, v in spec.items() if k not in ("boundary", "criteria")}
+        try:
+            with transaction.atomic():
+                goal = Goal(target=target, **fields)
+                goal.full_clean()
+                goal.save()
+                boundary = Boundary(goal=goal, **spec.get("boundary", {}))
+                boundary.full_clean()
+                boundary.save()
+                for criterion in spec.get("criteria", []):
+                    made = AcceptanceCriterion(goal=goal, **criterion)
+                    made.full_clean()
+                    made.save()
+                goal_snapshot(goal=goal)
+        except (ValidationError, TypeError) as exc:
+            raise CommandError(f"Goal {spec['name']!r} of {target.name}: {exc}") from None
+        return goal
+
+
+def _goal_specs(name: str) -> list[dict[str, Any]]:
+    """examples/NAME.goals.toml's goals ([[goal]] tables with their boundary and criteria);
+    none when the example has no such file."""
+    path = EXAMPLES / f"{name}.goals.toml"
+    if not path.is_file():
+        return []
+    try:
+        goals = tomllib.loads(path.read_text())["goal"]
+    except (tomllib.TOMLDecodeError, KeyError) as exc:
+        raise CommandError(f"{path.name} is not a goals file ([[goal]] tables): {exc}") from None
+    if not isinstance(goals, list):
+        raise CommandError(f"{path.name}: 'goal' must be an array of tables ([[goal]]).")
+    return goals

@@ -66,6 +66,11 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=port_number, default=8000)
         parser.add_argument("--concurrency", type=int, default=2, help="Worker processes.")
         parser.add_argument("--no-example", action="store_true")
+        parser.add_argument("--no-showcase", action="store_true",
+                            help="Load the demo target, but start no run on it.")
+        parser.add_argument("--demo-llm", action="store_true",
+                            help="Serve the demo's scripted model as the LLM endpoint, so the "
+                                 "demo's LLM goal runs without an API key.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         data = Path(settings.DATA_DIR)
@@ -88,8 +93,11 @@ class Command(BaseCommand):
         try:
             env["DATABASE_URL"] = os.environ.get("DATABASE_URL") or self._embedded_postgres(data)
             env["REDIS_URL"] = os.environ.get("REDIS_URL") or self._embedded_redis(data)
+            if options["demo_llm"]:
+                env |= self._demo_llm(env)
             # Migrate, static files, the first users once, the example: one process.
-            self._manage(env, "prepare", *(["--no-example"] if options["no_example"] else []))
+            self._manage(env, "prepare", *(["--no-example"] if options["no_example"] else []),
+                         *(["--no-showcase"] if options["no_showcase"] else []))
             web = self._start(env, [
                 sys.executable, "-m", "uvicorn", "infraops.asgi:application",
                 "--host", host, "--port", str(port), "--no-access-log",
@@ -152,6 +160,25 @@ class Command(BaseCommand):
                 return f"unix://{sock}"
             time.sleep(0.05)
         raise CommandError(f"The embedded Redis did not start: see {data / 'redis.log'}.")
+
+    def _demo_llm(self, env: dict[str, str]) -> dict[str, str]:
+        """Start the demo's scripted model (`manage.py demo_llm`) on a free port; the settings
+        that point the web and the workers at it."""
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = int(probe.getsockname()[1])
+        self.stdout.write(f"Starting the demo's scripted model on port {port}…")
+        model = self._start(env, [sys.executable, "manage.py", "demo_llm", "--port", str(port)])
+        deadline = time.monotonic() + WEB_READY_SECONDS
+        while time.monotonic() < deadline:
+            if model.poll() is not None:
+                raise CommandError(f"The demo model exited with status {model.returncode}.")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                return {"OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
+                        "INFRAOPS_MODEL": "infraops-demo",
+                        "OPENAI_API_KEY": "demo"}  # never a real key to a demo
+            time.sleep(0.1)
+        raise CommandError(f"The demo model did not listen within {WEB_READY_SECONDS} s.")
 
     def _manage(self, env: dict[str, str], *args: str) -> None:
         result = subprocess.run([sys.executable, "manage.py", *args], env=env,

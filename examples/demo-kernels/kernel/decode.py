@@ -1,14 +1,10 @@
-"""One KDA decode step (a numpy model of the kernel), tiled along the V dimension.
-
-v2 tiles V into TILES blocks and, in each, recomputes the same FP32 normalisation of q and
-k and the same gating: TILES times the work. MERGE_TILES = True is v3: one block, the
-normalisation and gating computed once and kept (in registers, in the real kernel).
+"""One KDA decode step (a numpy model of the kernel), tiled along the V dimension as
+kernel/tiling.py says: each block recomputes the normalisation and the gating.
 """
 
 import numpy as np
 
-TILES = 4
-MERGE_TILES = False
+from kernel.tiling import blocks
 
 
 def _normalise(x):
@@ -22,11 +18,9 @@ def _gate(g):
 def decode_step(q, k, v, g, state, tracer=None):
     """state[dk, dv] <- gate * state + k^T v; returns q @ state."""
     dv = v.shape[-1]
-    blocks = 1 if MERGE_TILES else TILES
-    width = dv // blocks
     out = np.empty(dv, dtype=np.float32)
-    for b in range(blocks):
-        cols = slice(b * width, (b + 1) * width)
+    for start, stop in blocks(dv):
+        cols = slice(start, stop)
         with _span(tracer, "normalize"):
             qn, kn = _normalise(q), _normalise(k)
         with _span(tracer, "gate"):

@@ -163,13 +163,17 @@ def dropped(delay: float = 0.0) -> StubReply:
 class OpenAIStub:
     """The server; a context manager (or :meth:`start` / :meth:`close`)."""
 
-    def __init__(self, replies: Iterable[StubReply | Responder] = ()) -> None:
+    def __init__(self, replies: Iterable[StubReply | Responder] = (), *, port: int = 0,
+                 fallback: Responder | None = None) -> None:
+        """`port` 0 takes a free one; `fallback` answers every request once the scripted
+        replies are used up (a long-running endpoint, such as the demo's model)."""
         self._replies: deque[StubReply | Responder] = deque(replies)
+        self._fallback = fallback
         self._requests: list[ReceivedRequest] = []
         self._errors: list[str] = []
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
         self._server.daemon_threads = True
         self._thread: threading.Thread | None = None
 
@@ -230,7 +234,7 @@ class OpenAIStub:
         with self._lock:
             self._requests.append(request)
             number = len(self._requests)
-            scripted = self._replies.popleft() if self._replies else None
+            scripted = self._replies.popleft() if self._replies else self._fallback
         if scripted is None:
             message = f"OpenAIStub: no scripted reply left for request #{number} ({request.path})"
             return StubReply(500, _error_body(message, "stub_exhausted"))

@@ -29,7 +29,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
-from tests.agents.openai_stub import (
+from agents.scripted.endpoint import (
     OpenAIStub,
     ReceivedRequest,
     StubReply,

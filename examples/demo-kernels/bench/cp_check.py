@@ -13,10 +13,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from bench.cp_inputs import LENGTHS, SHARD, TRIALS, inputs  # noqa: E402
 from kda.merge import context_parallel, sequential  # noqa: E402
-
-D, SHARD, TRIALS = 8, 16, 4
-LENGTHS = (64, 256, 1024, 4096)
 
 out = pathlib.Path(os.environ["INFRAOPS_OUT"])
 (out / "outputs").mkdir(exist_ok=True)
@@ -27,11 +25,7 @@ with (out / "metrics.jsonl").open("w") as metrics:
         states = []
         started = time.perf_counter()
         for trial in range(TRIALS):  # independent inputs: the worst case is a steadier curve
-            rng = np.random.default_rng([seed, length, trial])
-            # Rotations keep the state's norm, so errors accumulate instead of decaying.
-            q = np.linalg.qr(rng.standard_normal((length, D, D)))[0].astype(np.float32)
-            h = (0.01 * rng.standard_normal((length, D, D))).astype(np.float32)
-            s0 = rng.standard_normal((D, D)).astype(np.float32)
+            q, h, s0 = inputs(seed, length, trial)
             states.append(context_parallel(q, h, s0, SHARD) if cp_on else sequential(q, h, s0))
         elapsed = (time.perf_counter() - started) * 1000
         np.save(out / "outputs" / f"len-{length}.npy", np.stack(states).astype(np.float32))

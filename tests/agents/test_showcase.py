@@ -1,0 +1,152 @@
+"""The showcase: examples/demo-kernels loaded with a goal per case of docs/product.md, the
+tuner on each finding its case's fix from measurements, and the demo's scripted model fixing
+the precision problem from the feedback alone. Steps and experiments run in this process,
+one task at a time, as the workers would run them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+
+from agents.models import AgentRun
+from agents.policies.tuner import turnable
+from agents.scripted.demo import DemoModel
+from agents.scripted.endpoint import OpenAIStub
+from agents.services import run_start
+from infraops.models import Goal, Target
+from reviews.models import Change
+from tests.agents.test_llm_runs import step
+
+pytestmark = pytest.mark.django_db
+
+NUMERICS, CONCURRENCY, PERFORMANCE, BY_THE_LLM = (
+    "Numerics: the context-parallel merge stays close to the sequential path",
+    "Concurrency: the KV transfer overlaps prefill",
+    "Performance: a faster decode step",
+    "Numerics, by the LLM agent: the parallel merge matches the sequential path")
+
+
+@pytest.fixture
+def demo(engineer: User) -> Target:
+    call_command("load_example", "demo-kernels", stdout=StringIO())
+    return Target.objects.get(name="demo-kernels")
+
+
+def goal(target: Target, name: str) -> Goal:
+    return Goal.objects.get(target=target, name=name)
+
+
+def drive(run: AgentRun, steps: int = 40) -> AgentRun:
+    for _ in range(steps):
+        run = step(run)
+        if run.is_finished or run.status == AgentRun.Status.PAUSED:
+            break
+    return run
+
+
+def test_the_demo_has_a_goal_per_case_each_bounded_to_its_own_code(demo: Target) -> None:
+    goals = {g.name: g for g in demo.goals.select_related("boundary")}
+
+    assert set(goals) == {NUMERICS, CONCURRENCY, PERFORMANCE, BY_THE_LLM}
+    assert {n: g.boundary.editable_paths for n, g in goals.items()} == {
+        NUMERICS: "kda/**", CONCURRENCY: "engine/**", PERFORMANCE: "kernel/**",
+        BY_THE_LLM: "kda/**"}
+    relation = goals[CONCURRENCY].criteria.get()
+    assert (relation.kind, relation.variant, relation.reference_variant, relation.value) == (
+        "relation", "scenario=prefill_kv", "scenario=prefill", 0.05)
+    assert goals[PERFORMANCE].criteria.count() == 2  # time, and instructions for a noisy box
+    assert all(g.current_version == 1 for g in goals.values())
+    call_command("load_example", "demo-kernels", stdout=StringIO())  # idempotent
+    assert demo.goals.count() == 4 and all(
+        g.current_version == 1 for g in demo.goals.all())
+
+
+def test_start_runs_starts_each_tuner_goal_once_and_says_why_not_the_llm_one(
+        demo: Target, engineer: User, django_capture_on_commit_callbacks: Any,
+        settings: Any) -> None:
+    settings.OPENAI_BASE_URL = ""
+    User.objects.filter(pk=engineer.pk).update(is_superuser=True)
+    out = StringIO()
+    with django_capture_on_commit_callbacks(execute=False):
+        call_command("start_runs", "demo-kernels", stdout=out)
+        call_command("start_runs", "demo-kernels", stdout=StringIO())  # nothing twice
+
+    runs = AgentRun.objects.filter(target=demo)
+    assert sorted(r.goal_version.goal.name for r in runs) == sorted(
+        [NUMERICS, CONCURRENCY, PERFORMANCE])
+    assert f"Not starting {BY_THE_LLM!r}: it needs an LLM endpoint" in out.getvalue()
+    # Each tuner turns only the knob of its own case: the others are outside its boundary.
+    assert {r.goal_version.goal.name: [k.name for k in turnable(r)] for r in runs} == {
+        NUMERICS: ["input_precision"], CONCURRENCY: ["release_gil"],
+        PERFORMANCE: ["merge_tiles"]}
+
+
+def test_the_tuner_finds_the_merge_precision_and_the_change_waits_for_a_numerics_review(
+        demo: Target, engineer: User, django_capture_on_commit_callbacks: Any) -> None:
+    with django_capture_on_commit_callbacks(execute=False):
+        run = drive(run_start(goal=goal(demo, NUMERICS), user=engineer))
+
+    assert run.status == AgentRun.Status.SUCCEEDED, run.stop_reason
+    change = Change.objects.get(runs=run)
+    assert change.status == Change.Status.PENDING_REVIEW
+    assert 'INPUT_PRECISION = "tf32x3"' in change.diff or 'INPUT_PRECISION = "ieee"' in change.diff
+    assert "numerics" in change.risk_classes
+    # The error fell by orders of magnitude: from about 3e-2 at 4096 merges to under 1e-4.
+    trials = {t["params"]["input_precision"]: t for t in run.state["trials"]}
+    assert trials["tf32x3"]["candidate"] < 1e-4 < trials["tf32x3"]["baseline"], trials
+
+
+@pytest.fixture
+def demo_model(settings: Any) -> Iterator[OpenAIStub]:
+    with OpenAIStub(fallback=DemoModel()) as endpoint:
+        settings.OPENAI_BASE_URL = endpoint.base_url
+        settings.OPENAI_API_KEY = "demo"
+        settings.INFRAOPS_MODEL = "infraops-demo"
+        yield endpoint
+
+
+def test_the_demo_model_fixes_the_precision_from_the_feedback(
+        demo: Target, engineer: User, demo_model: OpenAIStub,
+        django_capture_on_commit_callbacks: Any) -> None:
+    with django_capture_on_commit_callbacks(execute=False):
+        run = drive(run_start(goal=goal(demo, BY_THE_LLM), user=engineer), steps=15)
+
+    assert demo_model.errors == [], demo_model.errors
+    assert run.status == AgentRun.Status.SUCCEEDED, run.stop_reason
+    assert "INPUT_PRECISION tf32 -> tf32x3" in run.stop_reason
+    change = Change.objects.get(runs=run)
+    assert '+INPUT_PRECISION = "tf32x3"' in change.diff
+    assert change.status == Change.Status.PENDING_REVIEW and "numerics" in change.risk_classes
+    # It read the failing case before it edited anything, and checked the fix.
+    names = [c["name"] for s in run.steps.order_by("number") for c in s.calls]
+    assert names == ["list_probes", "run_experiment", "case_detail", "search_code",
+                     "read_file", "edit_file", "run_experiment", "submit_change", "finish"]
+
+
+def test_the_tuners_release_the_gil_and_merge_the_tiles_and_say_what_they_saw(
+        demo: Target, engineer: User, django_capture_on_commit_callbacks: Any) -> None:
+    with django_capture_on_commit_callbacks(execute=False):
+        concurrency = drive(run_start(goal=goal(demo, CONCURRENCY), user=engineer))
+        performance = drive(run_start(goal=goal(demo, PERFORMANCE), user=engineer))
+
+    assert concurrency.status == AgentRun.Status.SUCCEEDED, concurrency.stop_reason
+    assert "+RELEASE_GIL = True" in Change.objects.get(runs=concurrency).diff
+    assert "concurrency" in Change.objects.get(runs=concurrency).risk_classes
+    # The base's feedback named the spans that never overlap, the other thread, the gap.
+    first = concurrency.experiments.order_by("pk").first()
+    assert first is not None
+    never = [f for f in first.feedback["findings"] if f["kind"] == "no-overlap"
+             and "kv_transfer never overlaps" in f["title"] and "baseline" in f["title"]]
+    assert never and "thread mooncake sat idle" in never[0]["detail"], first.feedback["agent_text"]
+    assert performance.status == AgentRun.Status.SUCCEEDED, performance.stop_reason
+    change = Change.objects.get(runs=performance)
+    assert "+MERGE_TILES = True" in change.diff and "numerics" in change.risk_classes
+    # Counted, not only timed: the merged tiles run fewer instructions.
+    counted = [f for f in change.experiment.feedback["findings"]
+               if f["kind"] == "perf-comparison" and "instructions improved" in f["title"]]
+    assert counted, change.experiment.feedback["agent_text"]
