@@ -146,6 +146,7 @@ def test_the_tuners_release_the_gil_and_merge_the_tiles_and_say_what_they_saw(
     assert performance.status == AgentRun.Status.SUCCEEDED, performance.stop_reason
     change = Change.objects.get(runs=performance)
     assert "+MERGE_TILES = True" in change.diff and "numerics" in change.risk_classes
+    assert change.experiment is not None
     # Counted, not only timed: the merged tiles run fewer instructions.
     counted = [f for f in change.experiment.feedback["findings"]
                if f["kind"] == "perf-comparison" and "instructions improved" in f["title"]]

@@ -13,33 +13,28 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
-from playwright.sync_api import Page, ViewportSize, sync_playwright
+from playwright.sync_api import Browser, Page, ViewportSize
 
 from infraops.models import Goal
 
-CHROMIUM = "/usr/bin/chromium"
 PHONE: ViewportSize = {"width": 390, "height": 844}
-# Without these, Chromium keeps dialing out, and this machine has no network.
-QUIET = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 @pytest.fixture
-def phone(live_server: Any, client: Client, engineer: User,
+def phone(browser: Browser, live_server: Any, client: Client, engineer: User,
           close_thread_connections: None) -> Iterator[Page]:
-    """A 390 px wide page signed in as the engineer (the test client's session cookie). The
-    live server's request threads open connections of their own: closed at the end, so that
-    the test database can be dropped. Playwright runs the test in a context of its own, where
-    the ORM would open yet another connection: a test asks for its rows before this page."""
+    """A 390 px wide page signed in as the engineer (the test client's session cookie), in
+    the session's browser (Debian's Chromium, tests/e2e/conftest.py). The live server's
+    request threads open connections of their own: closed at the end, so that the test
+    database can be dropped. Playwright runs the test in a context of its own, where the ORM
+    would open yet another connection: a test asks for its rows before this page."""
     client.force_login(engineer)
     session = client.cookies[settings.SESSION_COOKIE_NAME].value
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=QUIET)
-        context = browser.new_context(viewport=PHONE)
-        context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session,
-                              "url": live_server.url}])
-        yield context.new_page()
-        browser.close()
+    context = browser.new_context(viewport=PHONE)
+    context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session,
+                          "url": live_server.url}])
+    yield context.new_page()
+    context.close()
 
 
 def overflow(page: Page) -> int:
