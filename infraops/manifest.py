@@ -10,8 +10,8 @@ Contract:
   ``[[probe]]`` / ``[[knob]]`` tables from 1 in file order), ``risk.<name>`` and
   ``(top level)``.
 
-The file format (see docs/feedback-contract.md; ``metrics``, ``files`` and
-``always`` are our extensions)::
+The file format (see docs/feedback-contract.md; ``metrics``, ``files``, ``always`` and
+``meta`` are our extensions)::
 
     [[probe]]
     name = "decode-bench"            # letters, digits, '.', '_', '-'
@@ -33,6 +33,8 @@ The file format (see docs/feedback-contract.md; ``metrics``, ``files`` and
     disk_mb = 1024                   # processes, total memory, what it writes (work tree + output)
     always = false                   # run even when covers misses the change
     files = ["bench/decode.py"]      # the probe's own files, protected from agent edits
+    meta = {op_class = "decode", dtype = "fp32", head_dim = 128}  # what it exercises: facts
+                                     # the skeleton library's conditions read (see META_*)
 
     # metrics: required (a non-empty array) for the behaviour, performance and e2e layers;
     # optional for layer = "correctness", whose verdict comes from outputs/ (default: none;
@@ -99,7 +101,7 @@ TOP_LEVEL_KEYS = ("probe", "knob", "risk")
 PROBE_KEYS = (
     "name", "layer", "command", "metrics", "cost", "timeout", "covers", "variants", "compare",
     "repeat", "requires", "measure", "always", "files", "higher_is_better", "warmup",
-    "plausible_speedup", "processes", "memory_mb", "disk_mb",
+    "plausible_speedup", "processes", "memory_mb", "disk_mb", "meta",
 )
 SANDBOX_LIMIT_KEYS = ("processes", "memory_mb", "disk_mb")
 COMPARE_KEYS = ("reference", "candidate", "rtol", "atol")
@@ -116,6 +118,17 @@ _REQUIREMENT_RULE = "letters, digits, '_' or '-', starting with a letter or digi
 _GLOB_CHARS = frozenset("*?[")
 
 _NAME_RULE = "letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+# A probe's `meta`: free facts about what it exercises (op_class, dtype, shapes), read by the
+# skeleton library's conditions (infraops/applicability.py), whose field names follow the
+# same rule. The probe's own fields are facts already: meta may not say them again.
+META_KEY_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
+META_KEY_RULE = ("lower-case letters, digits and '_', starting with a letter, at most 40 "
+                 "characters")
+PROBE_FACTS = ("probe", "layer", "covers")
+MAX_META_KEYS = 30
+MAX_META_ITEMS = 50
+MAX_META_TEXT = 200
 
 # Column limits (characters) of the stored rows manifest values are copied into, checked at
 # parse time so that a valid manifest never overflows a column in a worker. The module is pure,
@@ -179,6 +192,10 @@ class Compare:
     atol: float = DEFAULT_ATOL
 
 
+MetaScalar = str | int | float | bool
+MetaValue = MetaScalar | tuple[str | int | float, ...]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Probe:
     """One ``[[probe]]``. ``repeat`` has no dataclass default because the parser's default
@@ -205,6 +222,7 @@ class Probe:
     processes: int | None = None  # None: the sandbox's default
     memory_mb: int | None = None
     disk_mb: int | None = None
+    meta: dict[str, MetaValue] = dataclasses.field(default_factory=dict)
 
     def direction(self, metric: str) -> str:
         """'maximize' for the metrics listed in higher_is_better, else 'minimize'."""
@@ -774,6 +792,7 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
     limits = {key: _whole(raw, key, report, default=1, positive=True) if key in raw else None
               for key in SANDBOX_LIMIT_KEYS}  # maxima are the host's: checked when it runs
     files = _globs(raw, "files", report, default=())
+    meta = _meta(raw, report)
     higher = _strings(raw, "higher_is_better", report, what="metric name")
     for metric in higher:
         if metric not in metrics:
@@ -797,8 +816,57 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
         name=name, layer=layer, command=command, metrics=metrics, repeat=repeat, cost=cost,
         timeout=timeout, covers=covers, variants=variants, compare=compare, requires=requires,
         measure=measure or "wall", always=always, files=files, higher_is_better=higher,
-        warmup=warmup, plausible_speedup=float(speedup), **limits,
+        warmup=warmup, plausible_speedup=float(speedup), meta=meta, **limits,
     )
+
+
+def _meta(raw: Mapping[str, Any], report: _Table) -> dict[str, MetaValue]:
+    """The probe's free facts: a table of at most MAX_META_KEYS keys (META_KEY_RULE, none of
+    PROBE_FACTS), each a string, number, boolean or a non-empty array of strings or numbers
+    (a shape the probe covers, e.g. seq_len = [1024, 65536]). {} when it has problems."""
+    table = raw.get("meta", {})
+    example = 'e.g. meta = {op_class = "merge", dtype = "fp32", seq_len = [1024, 65536]}'
+    if not isinstance(table, dict):
+        report.report("meta", f"meta must be a table of facts, {example}; got {_show(table)}")
+        return {}
+    before = report.count()
+    if len(table) > MAX_META_KEYS:
+        report.report("meta", f"meta has {len(table)} keys; at most {MAX_META_KEYS}")
+    meta: dict[str, MetaValue] = {}
+    for key, value in table.items():
+        field = f"meta.{key}"
+        line = report.line_within("meta", key)
+        if not META_KEY_RE.fullmatch(key):
+            report.report(field, f"meta key {_clip(key)} must be {META_KEY_RULE}", line=line)
+        elif key in PROBE_FACTS:
+            report.report(field, f"meta.{key} repeats the probe's own {key}: conditions read "
+                                 "that field itself", line=line)
+        problem = _meta_value_problem(value)
+        if problem is not None:
+            report.report(field, f"{field} {problem}, {example}", line=line)
+            continue
+        meta[key] = tuple(value) if isinstance(value, list) else value
+    return meta if report.count() == before else {}
+
+
+def _meta_value_problem(value: object) -> str | None:
+    """Why a meta value is not a string, finite number, boolean or a short non-empty array of
+    strings or numbers; None when it is one."""
+    if isinstance(value, list):
+        if not value or len(value) > MAX_META_ITEMS:
+            return f"must list from 1 to {MAX_META_ITEMS} values, got {len(value)}"
+        if not all(isinstance(item, str) or _is_number(item) for item in value):
+            return "must list strings or numbers only"
+        return next(filter(None, (_meta_value_problem(item) for item in value)), None)
+    if isinstance(value, str):
+        if not value.strip() or len(value) > MAX_META_TEXT:
+            return f"must be a non-empty text of at most {MAX_META_TEXT} characters"
+        return None
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return None if math.isfinite(value) else "must be a finite number"
+    return f"must be a string, number, boolean or array, got {_show(value)}"
 
 
 def _metrics(raw: Mapping[str, Any], layer: str | None, report: _Table) -> tuple[str, ...]:

@@ -565,3 +565,8 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor_label} {self.action} {self.object_type}:{self.object_id}"
+
+
+# The skeleton library's models live in infraops/skeletons.py; Django finds an app's models
+# through its models module, hence this import at the end (that module imports none of these).
+from infraops import skeletons as _skeletons  # noqa: E402, F401  (registers its models)

@@ -23,6 +23,7 @@ ROLE_PERMISSIONS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ("infraops", "acceptancecriterion", ("add", "change", "delete", "view")),
         ("infraops", "goalversion", ("view",)),
         ("infraops", "experiment", ("view",)),
+        ("infraops", "skeleton", ("add", "change", "view")),
     ],
     REVIEWER: [("infraops", "auditentry", ("view",))],
     VIEWER: [],

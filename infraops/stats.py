@@ -344,6 +344,24 @@ def _json_safe(value: object) -> object:
     return value
 
 
+def median_interval(values: Sequence[float], *, resamples: int = 2000, seed: int = 0
+                    ) -> tuple[float, float, float] | None:
+    """(median, low, high): the median of one sample with its percentile bootstrap interval
+    at `CI_LEVEL`, resampled `resamples` times from `numpy.random.default_rng(seed)` (a fixed
+    seed: the same values give the same interval on every page). None for fewer than
+    `MIN_SAMPLES` values, where an interval would claim what three numbers cannot show.
+    Raises ValueError for NaN or infinite values."""
+    array = np.asarray(values, dtype=np.float64)
+    if not np.all(np.isfinite(array)):
+        raise ValueError("NaN or infinite values")
+    if array.size < MIN_SAMPLES:
+        return None
+    rng = np.random.default_rng(seed)
+    medians = np.median(array[rng.integers(0, array.size, (resamples, array.size))], axis=1)
+    low, high = _interval(medians, CI_LEVEL)
+    return _median(array), low, high
+
+
 _CALLGRIND_EVENTS = re.compile(r"^events:(.*)$", re.MULTILINE)
 _CALLGRIND_COST = re.compile(r"^(summary|totals):(.*)$", re.MULTILINE)
 

@@ -66,9 +66,10 @@ from".
 Work in small verified steps: record a hypothesis, make the smallest edit that tests it, run \
 the cheapest experiment that answers it (list_probes shows each probe's cost and variants; \
 run_experiment takes a subset), read the feedback (probe_error, case_detail, span_summary, \
-compare_experiments say more), then confirm or refute the hypothesis. show_diff and revert \
-manage your edits. Submit a change only with an experiment on exactly that diff as evidence. \
-Call finish when done."""
+compare_experiments say more), then confirm or refute the hypothesis. skeleton_search \
+offers known techniques that fit your probe; when you use one, say so with skeleton_apply. \
+show_diff and revert manage your edits. Submit a change only with an experiment on exactly \
+that diff as evidence. Call finish when done."""
 
 
 def untrusted(text: str) -> str:

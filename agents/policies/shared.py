@@ -22,6 +22,7 @@ from infraops.manifest import Manifest
 from infraops.models import Experiment
 from infraops.services.experiments import experiment_request, margin_metric_of, margin_of
 from infraops.services.targets import target_manifest_at
+from infraops.skeletons import SkeletonUse
 from reviews.diff_policy import Policy, Violation, check_diff
 from reviews.models import Change
 from reviews.services import change_submit
@@ -160,6 +161,9 @@ def submit_change(run: AgentRun, *, title: str, hypothesis: str, experiment: Exp
         base_commit=run.base_commit, head_commit=head_commit, author_label=f"run {run.pk}",
         requested_by=run.started_by, goal_version=run.goal_version, experiment=experiment)
     run.changes.add(change)
+    # The skeletons the run applied ride on its newest change: that change's decision is
+    # their outcome (reviews/services/skeletons.py).
+    SkeletonUse.objects.filter(run=run, outcome=SkeletonUse.Outcome.APPLIED).update(change=change)
     run_event(run_id=run.pk, kind="change",
               message=f"Change {change.pk} submitted ({change.get_status_display()}).",
               data={"change": change.pk})

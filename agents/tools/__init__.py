@@ -8,7 +8,9 @@ Each tool is one entry (name, description, JSON schema, function) registered wit
   diff, in the run's git worktree under the boundary (no Django model);
 - ``agents.tools.run``: the run's experiments, hypotheses, change and end (database);
 - ``agents.tools.experiments``: reading the run's experiments closer (a crash's stderr, the
-  probes and their cost, two experiments side by side, a case's numbers, a span's timing).
+  probes and their cost, two experiments side by side, a case's numbers, a span's timing);
+- ``agents.tools.skeletons``: the skeleton library: the techniques that fit a probe, and
+  recording that the run applies one.
 
 Every call goes through :func:`tool_call`, which parses and validates the arguments against
 the entry's schema before anything runs.
@@ -32,6 +34,7 @@ from typing import Any
 
 from agents.tools import experiments as _experiment_tools  # noqa: F401  (registers them)
 from agents.tools import run as _run_tools  # noqa: F401  (registers the run tools)
+from agents.tools import skeletons as _skeleton_tools  # noqa: F401  (registers them)
 from agents.tools import workspace as _workspace_tools  # noqa: F401  (registers them)
 from agents.tools.base import (
     MAX_RESULT_CHARS,

@@ -37,6 +37,7 @@ from reviews import gate
 from reviews.live import queue_changed
 from reviews.models import Change
 from reviews.services.facts import change_facts
+from reviews.services.skeletons import skeleton_outcome_after_commit
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +254,7 @@ def _merge_complete(change: Change) -> None:
                          data={"commit": commit, "branch": branch, "approved_by":
                                intent.get("actor")})
             queue_changed()
+            skeleton_outcome_after_commit(change.pk)
 
 
 def _fail(change: Change, status: str, reason: str) -> Change:

@@ -19,6 +19,7 @@ from playwright.sync_api import Browser, Page, Route, expect
 from agents.events import run_event
 from agents.models import AgentRun, Hypothesis, Step
 from infraops.models import Experiment, Goal
+from infraops.skeletons import Skeleton, SkeletonEvidence, SkeletonUse
 from reviews.models import Change
 from tests.e2e.test_thin_loop import sign_in
 
@@ -86,7 +87,16 @@ def world(goal: Goal, engineer: User) -> dict[str, Any]:
         base_commit="a" * 40, head_commit="b" * 40, diff=DIFF, diff_sha256=Change.hash_diff(DIFF),
         author_label=f"run {run.pk}", risk_classes=["production"])
     run.changes.add(change)
-    return {"run": run, "experiment": experiment, "change": change, "merged": merged}
+    skeleton = Skeleton.objects.create(
+        slug="a-long-skeleton", name=f"Skeleton {SHORTER}", summary=LONG, status="reviewed",
+        applicability=[{"field": "op_class", "op": "in", "value": [SHORTER]}],
+        applicability_prose=LONG, transformation=f"-{LONG}\n+{LONG}", resource_constraints=LONG,
+        provenance=SHORTER, provenance_url=f"https://example.com/{LONG[:150]}")
+    SkeletonUse.objects.create(skeleton=skeleton, run=run, change=change, note=LONG)
+    SkeletonEvidence.objects.create(skeleton=skeleton, change=merged, experiment=experiment,
+                                    note=SHORTER)
+    return {"run": run, "experiment": experiment, "change": change, "merged": merged,
+            "skeleton": skeleton}
 
 
 @pytest.fixture
@@ -103,6 +113,8 @@ def pages(live_system: str, example_goal: Goal, engineer: User) -> Iterator[dict
         "experiment": f"/experiments/{made['experiment'].pk}/",
         "queue": "/reviews/",
         "change": f"/reviews/changes/{made['change'].pk}/",
+        "skeletons": "/skeletons/",
+        "skeleton": f"/skeletons/{made['skeleton'].slug}/",
         "not found": "/no/such/page/",
     }
 
@@ -156,6 +168,9 @@ def test_every_page_says_what_it_is_for_without_javascript(
                        "Spans per thread"],
         "queue": ["Raise batch_size"],
         "change": ["batch_size = 8", "production"],
+        "skeletons": ["Skeleton a_rather", "op_class is one of", "Search"],
+        "skeleton": ["When it applies", "What to change", "Evidence", "An earlier change",
+                     "Applied 1 time"],
         "not found": ["not found"],
     }
     missing = {}

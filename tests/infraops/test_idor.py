@@ -47,8 +47,12 @@ ADMIN_KINDS: dict[str, type[models.Model]] = {
     "infraops.experiment": Experiment, "agents.agentrun": AgentRun, "reviews.change": Change,
 }
 # Admin pages of rows that belong to no target: people, groups, reviewers' classes, the audit
-# log (model permissions decide those, the same for every id).
-NOT_TARGET_ROWS = {"auth.user", "auth.group", "reviews.reviewerprofile", "infraops.auditentry"}
+# log (model permissions decide those, the same for every id), the skeleton library.
+NOT_TARGET_ROWS = {"auth.user", "auth.group", "reviews.reviewerprofile", "infraops.auditentry",
+                   "infraops.skeleton"}
+# Site pages of rows that belong to no target: the skeleton library, by slug. What they show
+# of targets' objects is scoped (tests/infraops/test_skeletons.py).
+NOT_TARGET_PAGES = {"infraops:skeleton", "infraops:skeleton_promote"}
 SOCKET_KINDS: dict[str, type[models.Model]] = {"ws/runs/": AgentRun,
                                                "ws/experiments/": Experiment}
 
@@ -116,7 +120,7 @@ def id_routes() -> list[tuple[str, str, type[models.Model]]]:
             continue
         admin_model = re.match(r"admin/(\w+)/(\w+)/", route)
         label = f"{admin_model[1]}.{admin_model[2]}" if admin_model else ""
-        if label in NOT_TARGET_ROWS:
+        if label in NOT_TARGET_ROWS or name in NOT_TARGET_PAGES:
             continue
         model = ADMIN_KINDS.get(label) or SITE_KINDS.get(name)
         assert model is not None, f"{route} ({name}) takes an id: add its kind to this test"
