@@ -51,6 +51,7 @@ from infraops.services.results import (
 )
 from infraops.services.targets import target_manifest_at
 from infraops.signals import experiment_finished
+from infraops.workers import live_queues
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,20 @@ def select_probes(manifest: Manifest, names: Sequence[str], changed: Sequence[st
     else:
         chosen = [p for p in manifest.probes if p.always or p.covers_any(changed)]
     return sorted(chosen, key=lambda p: p.cost)
+
+
+def servable(chosen: list[Probe]) -> tuple[list[Probe], list[Probe]]:
+    """Probes chosen by the paths they cover, less those needing hardware that no live worker
+    has, when others remain (the left-out ones second): a change to code that a GPU probe
+    also covers would otherwise wait for a GPU worker that may never come. Probes named
+    by the caller are never left out: their experiment waits for its worker."""
+    live = live_queues()
+    if live is None:
+        return chosen, []
+    kept = [p for p in chosen if not p.requires or queue_for([p]) in live]
+    if not kept:
+        return chosen, []
+    return kept, [p for p in chosen if p not in kept]
 
 
 MAX_CELLS_NAMED = 20  # cells listed in an error about an unknown cell
@@ -173,6 +188,11 @@ def experiment_request(
     if not chosen:
         raise DomainError("No probe covers the changed paths ("
                           + (", ".join(changed[:5]) or "none") + ") and none is marked always.")
+    if not probes:
+        chosen, unserved = servable(chosen)
+        if unserved:
+            origin = (f"{origin} (left out: {', '.join(p.name for p in unserved)}; no live "
+                      "worker has the hardware they require)").strip()
     cells = chosen_variants(chosen, variants)
     experiment = Experiment.objects.create(
         target=target, candidate_commit=candidate_commit, baseline_commit=baseline_commit,
