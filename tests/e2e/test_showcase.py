@@ -1,0 +1,81 @@
+"""The showcase as a newcomer sees it, in a real browser, through real processes: the demo
+target loaded with its goals, a run started on each (the three tuners, and the LLM goal
+against the demo's scripted model on a local OpenAI-compatible endpoint), the dashboard
+following them to their end without a reload, the four changes waiting in the review queue
+with their risk reasons, the concurrency experiment's timeline, and the skeleton library."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from playwright.sync_api import Page, expect
+
+from agents.models import AgentRun
+from agents.scripted.demo import MODEL, DemoModel
+from agents.scripted.endpoint import OpenAIStub
+from reviews.models import Change
+from tests.e2e.test_thin_loop import sign_in
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+SHOWCASE_DEADLINE = 600_000  # ms: four runs, a dozen experiments, on a loaded 2-core machine
+
+
+@pytest.fixture
+def demo_model() -> Iterator[OpenAIStub]:
+    with OpenAIStub(fallback=DemoModel()) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def live_env(demo_model: OpenAIStub) -> dict[str, str]:
+    return {"OPENAI_BASE_URL": demo_model.base_url, "OPENAI_API_KEY": "demo",
+            "INFRAOPS_MODEL": MODEL}
+
+
+def test_a_newcomer_watches_the_showcase_find_the_three_problems(
+        live_system: str, page: Page, engineer: User, reviewer: User, demo_model: OpenAIStub,
+        settings: Any) -> None:
+    settings.OPENAI_BASE_URL, settings.INFRAOPS_MODEL = demo_model.base_url, MODEL
+    User.objects.filter(pk=engineer.pk).update(is_superuser=True)
+    call_command("load_example", "demo-kernels", stdout=StringIO())
+    call_command("start_runs", "demo-kernels", stdout=StringIO())
+    assert AgentRun.objects.count() == 4
+
+    sign_in(page, live_system, engineer.username)
+    page.evaluate("window.__notReloaded = true")
+    goals = page.locator("#dashboard-goals")
+    for name in ("Numerics:", "Concurrency:", "Performance:", "Numerics, by the LLM agent:"):
+        expect(goals).to_contain_text(name)
+    runs = page.locator("#dashboard-runs")
+    # The runs end on their own, and the dashboard follows them there without a reload.
+    expect(runs.get_by_text("succeeded", exact=True)).to_have_count(
+        4, timeout=SHOWCASE_DEADLINE)
+    assert page.evaluate("window.__notReloaded") is True
+    assert demo_model.errors == []
+
+    changes = {c.title: c for c in Change.objects.all()}
+    assert len(changes) == 4 and all(c.status == "pending_review" for c in changes.values())
+    page.goto(f"{live_system}/reviews/")
+    table = page.locator("table.queue")
+    expect(table.locator("tbody tr")).to_have_count(4)
+    expect(table).to_contain_text("numerics")
+    expect(table).to_contain_text("concurrency")
+
+    # The concurrency run's first experiment: the spans that never overlap, on a timeline.
+    concurrency = AgentRun.objects.get(goal_version__goal__name__startswith="Concurrency")
+    first = concurrency.experiments.order_by("pk").first()
+    assert first is not None
+    page.goto(f"{live_system}/experiments/{first.pk}/")
+    expect(page.locator("ol.findings")).to_contain_text(re.compile("kv_transfer never overlaps"))
+    timeline = page.locator(".chart", has_text="Timeline: prefill-kv [scenario=prefill_kv")
+    expect(timeline.first.locator(".main-svg").first).to_be_visible()
+
+    page.goto(f"{live_system}/skeletons/")
+    expect(page.locator("main")).to_contain_text("GIL")
