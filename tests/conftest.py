@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -118,6 +119,15 @@ def outside(tmp_path: Path) -> Path:
     folder.mkdir()
     (folder / "secret.txt").write_text("API_KEY=sk-outside\n")
     return folder
+
+
+@pytest.fixture
+def skeleton_seeds(db: None) -> None:
+    """The skeletons migration 0013 seeds, made again: a transactional test before this one
+    flushed every table, data migrations' rows included."""
+    from django.apps import apps
+
+    importlib.import_module("infraops.migrations.0013_seed_skeletons").seed(apps, None)
 
 
 def case_source(tmp_path: Path, case: str) -> Path:

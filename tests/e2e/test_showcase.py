@@ -41,7 +41,7 @@ def live_env(demo_model: OpenAIStub) -> dict[str, str]:
 
 def test_a_newcomer_watches_the_showcase_find_the_three_problems(
         live_system: str, page: Page, engineer: User, reviewer: User, demo_model: OpenAIStub,
-        settings: Any) -> None:
+        settings: Any, skeleton_seeds: None) -> None:
     settings.OPENAI_BASE_URL, settings.INFRAOPS_MODEL = demo_model.base_url, MODEL
     User.objects.filter(pk=engineer.pk).update(is_superuser=True)
     call_command("load_example", "demo-kernels", stdout=StringIO())

@@ -57,6 +57,13 @@ SEEDED = ("higher-precision-merge", "release-gil-around-native-waits", "fuse-per
 
 
 @pytest.fixture(autouse=True)
+def seeded(request: pytest.FixtureRequest) -> None:
+    """The seeds, for the tests that use the database (see tests/conftest.py)."""
+    if request.node.get_closest_marker("django_db") or "db" in request.fixturenames:
+        request.getfixturevalue("skeleton_seeds")
+
+
+@pytest.fixture(autouse=True)
 def fast_password_hashing(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
