@@ -180,18 +180,15 @@ class DashboardConsumer(GuardedConsumer):
         if html:
             await self.guarded_send(html)
 
-    def _user(self) -> Any:
-        return self._session_user()
-
     def _active_run_groups(self) -> list[str]:
-        user = self._user()
+        user = self._session_user()
         if user is None:
             return []
         runs = scoped(AgentRun.objects.filter(status__in=AgentRun.active_statuses()), user)
         return [run_group(pk) for pk in runs.values_list("pk", flat=True)]
 
     def render(self) -> str:
-        user = self._user()
+        user = self._session_user()
         if user is None:
             return ""  # signed out meanwhile: the re-check closes the socket
         return render_to_string("agents/dashboard.html#dashboard-live",

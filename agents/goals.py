@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db.models import Count
 
+from agents.models import AgentRun
 from infraops.models import Goal
 from reviews.models import Change
 
@@ -120,8 +121,6 @@ class Progress:
 def goal_progress(target_ids: list[int] | None) -> list[Progress]:
     """Every goal of these targets (None: every target) with its progress, in four queries
     whatever the number of goals: the dashboard's list."""
-    from agents.models import AgentRun
-
     goals = Goal.objects.select_related("target", "boundary").order_by("target__name", "name")
     runs = AgentRun.objects.filter(status__in=AgentRun.active_statuses())
     changes = Change.objects.filter(goal__isnull=False)
