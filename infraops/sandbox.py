@@ -10,7 +10,8 @@ links) read-only, an ``/etc`` holding copies of a few harmless files, fresh ``/p
 tmpfs ``/tmp``, ``/var``, ``/run``, ``/home`` and ``/root``, the worktree read-write at
 ``/work`` (its ``.git`` read-only), the output folder read-write at ``/out`` and the caller's
 read-only binds. Everything else on the host (the service's checkout, its data folder, the
-PostgreSQL and Redis sockets, ``/etc/shadow``) is absent.
+PostgreSQL and Redis sockets, ``/etc/shadow``) is absent. A probe that needs an accelerator is
+given its device nodes, and nothing else of the host's ``/dev`` (:func:`accelerator_device`).
 
 Process tree of one run::
 
@@ -34,6 +35,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import select
 import selectors
 import shutil
@@ -115,7 +117,8 @@ _FILE_SIZE_SIGNATURES: Final = (b"file too large",)
 # Runs as our direct child: becomes a child subreaper so that bwrap's orphaned init is reaped
 # here, applies the rlimits, the sandbox identity (when started as root) and no_new_privs in its
 # child, and exits with bwrap's status. The same program as infraops/native/sandbox_supervisor.c.
-# argv: parent pid, rlimits "cpu,as,fsize,nproc", status fd, identity "uid:gid" or "-", command...
+# argv: parent pid, rlimits "cpu,as,fsize,nproc" (as 0: no address-space limit), status fd,
+# identity "uid:gid" or "-", command...
 _SUPERVISOR: Final = r"""
 import ctypes, errno, os, resource, signal, sys
 libc = ctypes.CDLL(None, use_errno=True)
@@ -169,7 +172,8 @@ if pid == 0:
         for name in ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGTERM"):
             signal.signal(getattr(signal, name), signal.SIG_DFL)
         limit(resource.RLIMIT_CPU, cpu, cpu + 1)
-        limit(resource.RLIMIT_AS, address_space, address_space)
+        if address_space:
+            limit(resource.RLIMIT_AS, address_space, address_space)
         limit(resource.RLIMIT_FSIZE, file_size, file_size)
         limit(resource.RLIMIT_NPROC, processes, processes)
         limit(resource.RLIMIT_CORE, 0, 0)
@@ -220,7 +224,10 @@ class SandboxLimits:
 
     wall_seconds: float = 600.0
     cpu_seconds: int = 600
-    address_space_mb: int = 8192
+    # None: no RLIMIT_AS. GPU drivers reserve far more address space than they use (CUDA maps
+    # the device's and the host's memory into every process), so a GPU probe is bounded by
+    # the memory control group alone; sandbox_run refuses such a run where there is none.
+    address_space_mb: int | None = 8192
     file_size_mb: int = 512
     processes: int = 256
     output_bytes: int = 1_000_000  # cap on kept stdout+stderr each
@@ -273,7 +280,8 @@ class SandboxIdentity:
 class SandboxSpec:
     """What to run. command runs as ``/bin/sh -c command`` in /work. env is added to PATH, HOME
     and LANG (it may override those three) and INFRAOPS_OUT=/out (it may not). Every host path
-    must exist; readonly_binds targets are absolute paths inside the sandbox."""
+    must exist; readonly_binds targets are absolute paths inside the sandbox. devices are
+    accelerator device nodes (see :func:`accelerator_device`), each at its own path inside."""
 
     command: str
     workdir: Path
@@ -281,6 +289,7 @@ class SandboxSpec:
     env: Mapping[str, str]
     readonly_binds: Sequence[tuple[Path, str]] = ()
     limits: SandboxLimits = SandboxLimits()
+    devices: Sequence[Path] = ()
 
 
 @dataclass(frozen=True)
@@ -582,7 +591,33 @@ def _resolve(program: str, missing: str) -> str:
     return found
 
 
+# The device nodes a probe may be given: GPUs and their control, memory-manager and capability
+# nodes (NVIDIA), the compute and render nodes of AMD and Intel GPUs, and accel nodes. Never
+# /dev/mem, a disk, a terminal or the kernel log, whatever an operator's pattern matches.
+_ACCELERATOR_DEVICE = re.compile(
+    r"/dev/(nvidia(\d+|ctl|-uvm|-uvm-tools|-modeset)|nvidia-caps/nvidia-cap\d+|kfd"
+    r"|dri/renderD\d+|accel/accel\d+)")
+
+
+def accelerator_device(path: Path) -> str | None:
+    """Why `path` cannot be given to a probe as an accelerator device; None when it can: one
+    of the accelerator nodes above, a character device, not a symlink."""
+    if not _ACCELERATOR_DEVICE.fullmatch(str(path)):
+        return f"{path} is not an accelerator device node (GPU, compute or render node)"
+    try:
+        info = path.lstat()
+    except OSError:
+        return f"{path} does not exist"
+    if not stat.S_ISCHR(info.st_mode):
+        return f"{path} is not a character device"
+    return None
+
+
 def _validate(spec: SandboxSpec) -> None:
+    for device in spec.devices:
+        problem = accelerator_device(device)
+        if problem:
+            raise ValueError(f"{problem}, so it cannot be given to the sandbox.")
     for host in (spec.workdir, spec.out_dir):
         if not host.is_dir():
             raise ValueError(f"{host} is not a folder.")
@@ -611,6 +646,14 @@ def _system_args() -> list[str]:
         elif top.is_dir():
             args += ["--ro-bind", str(top), str(top)]
     return [*args, "--ro-bind", str(_etc_snapshot()), "/etc", "--proc", "/proc", "--dev", "/dev"]
+
+
+def _device_args(spec: SandboxSpec) -> list[str]:
+    """The accelerator nodes, over the fresh /dev (bwrap makes the parent folders)."""
+    args: list[str] = []
+    for device in spec.devices:
+        args += ["--dev-bind", str(device), str(device)]
+    return args
 
 
 _etc_lock = threading.Lock()
@@ -731,7 +774,8 @@ def _bwrap_argv(bwrap: str, spec: SandboxSpec, status_fd: int) -> list[str]:
     ]
     for name, value in _sandbox_env(spec).items():
         argv += ["--setenv", name, value]
-    argv += [*_system_args(), *_scratch_args(spec.limits), *_bind_args(spec)]
+    argv += [*_system_args(), *_device_args(spec), *_scratch_args(spec.limits),
+             *_bind_args(spec)]
     return [
         *argv, "--remount-ro", "/", "--chdir", _WORK_INSIDE, "--json-status-fd", str(status_fd),
         "--", "/bin/sh", "-c", spec.command,
@@ -747,8 +791,9 @@ def _launch_argv(
     become = f"{identity.uid}:{identity.gid}" if os.geteuid() == 0 else "-"
     limits = spec.limits
     per_sandbox = groups is not None and "pids" in groups.controllers
-    rlimits = ",".join(str(value) for value in (
-        limits.cpu_seconds, limits.address_space_mb << 20, limits.file_size_mb << 20,
+    address_space = 0 if limits.address_space_mb is None else limits.address_space_mb << 20
+    rlimits = ",".join(str(value) for value in (  # an address space of 0: no RLIMIT_AS
+        limits.cpu_seconds, address_space, limits.file_size_mb << 20,
         _UID_PROCESS_CAP if per_sandbox else limits.processes,
     ))
     arguments = [str(os.getpid()), rlimits, str(status_fd), become, *argv]
@@ -769,6 +814,11 @@ def _launch_argv(
 # name: <worker's cgroup>/infraops-sandbox/r<worker pid>-<n>-<random>. Processes of the run stay
 # inside whatever contains the worker (its memory accounting, its own limits, its kill at stop).
 CGROUP_FOLDER = "infraops-sandbox"
+# Where cgroup v2 forbids that (the worker's own group holds processes, so it may not hand
+# controllers to children: a container's or a service's group), the operator names a group that
+# holds none, delegated to the worker (systemd's Delegate=, or a folder root made): the runs'
+# groups are made below it instead, outside the worker's own accounting.
+CGROUP_DELEGATED_ENV = "INFRAOPS_SANDBOX_CGROUP"
 _CGROUP_CONTROLLERS: Final = ("pids", "memory", "cpuacct")
 _CGROUP_ROOT = Path("/proc/self")  # where cgroup and mountinfo are read (tests point it away)
 # The supervisor, bwrap and bwrap's init live in the run's pids group besides the command.
@@ -892,9 +942,18 @@ class _Cgroups:
                 except OSError as exc:
                     groups.notes.append(f"cgroup v1 {controller}: {exc}")
                     groups._remove_one(groups.v1.pop(controller, None))
-        wanted = {"pids", "memory"} & places.v2_controllers - set(groups.v1)
-        if places.v2 is not None and (wanted or "cpuacct" not in groups.v1):
-            groups._make_v2(places.v2, name, wanted)
+        own, available = places.v2, places.v2_controllers
+        delegated = os.environ.get(CGROUP_DELEGATED_ENV, "")
+        if delegated and places.v2 is not None:
+            own = Path(delegated)
+            try:
+                available = frozenset((own / "cgroup.controllers").read_text().split())
+            except OSError as exc:
+                groups.notes.append(f"{CGROUP_DELEGATED_ENV}={delegated}: {exc}")
+                available = frozenset()
+        wanted = {"pids", "memory"} & available - set(groups.v1)
+        if own is not None and (wanted or "cpuacct" not in groups.v1):
+            groups._make_v2(own, name, wanted)
         missing = {"pids", "memory"} - groups.controllers
         if missing:
             groups.notes.append(f"no usable {' or '.join(sorted(missing))} control group here")
@@ -919,7 +978,9 @@ class _Cgroups:
         except OSError as exc:
             # EBUSY: the worker's own group holds processes, so it may not hand controllers to
             # children (cgroup v2's rule): the operator delegates a subtree to the worker.
-            self.notes.append(f"cgroup v2 at {own}: {exc}")
+            hint = (f": set {CGROUP_DELEGATED_ENV} to a cgroup v2 folder that holds no process"
+                    if exc.errno == errno.EBUSY else "")
+            self.notes.append(f"cgroup v2 at {own}: {exc}{hint}")
             self._remove_one(self.v2)
             self.v2, self.v2_controllers = None, set()
 
@@ -1580,6 +1641,12 @@ def sandbox_run(
     chosen = _run_identity(identity)
     groups = _Cgroups.make(spec.limits)
     _note_degraded(groups)
+    if spec.limits.address_space_mb is None and "memory" not in groups.controllers:
+        groups.remove()
+        raise SandboxUnavailable(
+            "A probe without an address-space limit (one on an accelerator) needs a memory "
+            "control group to bound its memory, and none can be made here: run the worker as "
+            "root, or in a cgroup v2 subtree delegated to its user.")
     status_read, status_write = os.pipe()
     run: _Run | None = None
     try:
@@ -1674,6 +1741,9 @@ def _reason(
     if signum == signal.SIGXFSZ or _has(tail, _FILE_SIZE_SIGNATURES):
         return REASON_FILE_SIZE, f"stopped at the {limits.file_size_mb} MB file-size limit"
     if _has(tail, _MEMORY_SIGNATURES):
+        if limits.address_space_mb is None:
+            return REASON_MEMORY, (f"ran out of memory: the sandbox's {limits.memory_mb} MB, "
+                                   "or the accelerator's own memory, which it does not limit")
         return REASON_MEMORY, f"ran out of memory under the {limits.address_space_mb} MB limit"
     if _has(tail, _PROCESS_SIGNATURES):
         return REASON_PROCESSES, f"could not start a process under the {limits.processes} limit"

@@ -62,6 +62,15 @@ def _uid_range(text: str) -> range:
     return pool
 
 
+def _path_list(name: str, default: str) -> tuple[str, ...]:
+    """A ":"-separated list of absolute paths (empty entries skipped), as PATH is written."""
+    paths = tuple(part for part in _read(name, "str", default).split(":") if part.strip())
+    for path in paths:
+        if not path.startswith("/"):
+            raise _ConfigError(f"{name}: {path!r} is not an absolute path.")
+    return paths
+
+
 PROCESS_KINDS = ("web", "worker", "other")
 _WEB_SERVERS = ("uvicorn", "gunicorn", "daphne", "hypercorn", "granian")
 
@@ -257,6 +266,26 @@ try:
     # process limit is per experiment (infraops.sandbox.sandbox_identity_lease). Empty: off.
     SANDBOX_UID_POOL = _uid_range(_read("INFRAOPS_SANDBOX_UID_POOL", "str",
                                         "1900000000-1900000255"))
+    # Host folders bound read-only, at their own path, into every probe's sandbox, their bin/
+    # first on its PATH (":"-separated, as PATH): the toolchains probes may use beyond /usr,
+    # such as a Python environment with torch and Triton on a GPU worker (docs/gpu.md).
+    SANDBOX_TOOLCHAINS = _path_list("INFRAOPS_SANDBOX_TOOLCHAINS", "")
+    # The device nodes a probe that requires "gpu" is given (":"-separated globs); only
+    # accelerator nodes are ever given, whatever a pattern matches (infraops/accelerators.py).
+    SANDBOX_GPU_DEVICES = _path_list(
+        "INFRAOPS_SANDBOX_GPU_DEVICES",
+        "/dev/nvidia[0-9]*:/dev/nvidiactl:/dev/nvidia-uvm:/dev/nvidia-uvm-tools"
+        ":/dev/nvidia-caps/nvidia-cap[0-9]*:/dev/kfd:/dev/dri/renderD[0-9]*")
+    # A cgroup v2 folder holding no process, delegated to the workers, under which each probe
+    # run gets its control groups where the worker's own group cannot hand controllers down (a
+    # container's or a service's group: cgroup v2's no-internal-processes rule). Read by
+    # infraops/sandbox.py from the environment; checked here.
+    SANDBOX_CGROUP = _read("INFRAOPS_SANDBOX_CGROUP", "str", "")
+    if SANDBOX_CGROUP and not SANDBOX_CGROUP.startswith("/"):
+        raise _ConfigError(f"INFRAOPS_SANDBOX_CGROUP: {SANDBOX_CGROUP!r} is not an absolute path.")
+    # Set by `standalone` for its processes when it starts a GPU worker beside the others, so
+    # that its showcase starts the demo's GPU goal (agents/management/commands/start_runs.py).
+    GPU_WORKER = _read("INFRAOPS_GPU_WORKER", "bool", False)
     # Approvals and run starts one user may make per window (infraops/ratelimit.py).
     RATE_APPROVE_PER_MIN = _read("INFRAOPS_RATE_APPROVE_PER_MIN", "int", 100)
     RATE_START_RUN_PER_MIN = _read("INFRAOPS_RATE_START_RUN_PER_MIN", "int", 100)

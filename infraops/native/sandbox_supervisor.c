@@ -6,8 +6,8 @@
  * groups, every uid and gid the sandbox's) and no_new_privs in its child, and exits with the
  * child's status (128+N for signal N).
  *
- * argv: parent pid, rlimits "cpu,as,fsize,nproc", status fd, identity "uid:gid" or "-" (stay
- * as we are), command...
+ * argv: parent pid, rlimits "cpu,as,fsize,nproc" (as 0: no address-space limit), status fd,
+ * identity "uid:gid" or "-" (stay as we are), command...
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -87,7 +87,7 @@ int main(int argc, char **argv) {
         int defaults[] = {SIGPIPE, SIGXFSZ, SIGINT, SIGTERM};
         for (size_t i = 0; i < sizeof defaults / sizeof *defaults; i++) signal(defaults[i], SIG_DFL);
         limit(RLIMIT_CPU, cpu, cpu + 1);
-        limit(RLIMIT_AS, address_space, address_space);
+        if (address_space) limit(RLIMIT_AS, address_space, address_space);
         limit(RLIMIT_FSIZE, file_size, file_size);
         limit(RLIMIT_NPROC, processes, processes);
         limit(RLIMIT_CORE, 0, 0);

@@ -11,6 +11,7 @@ holder's pid is gone); elsewhere the reaper re-queues it once the lease has expi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import random
@@ -34,6 +35,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from infraops import gitops, sandbox
+from infraops.accelerators import ProbeAccess, probe_access
 from infraops.errors import DomainError
 from infraops.manifest import Manifest, ManifestError, Probe
 from infraops.models import Experiment, ProbeExecution, Target, parse_variant, variant_key
@@ -552,6 +554,10 @@ def _run_probe(attempt: _Attempt, probe: Probe) -> str:
     check of infraops/services/feedback.py); with `warmup = 0` that second-seed execution runs
     after the samples, when the probe writes outputs.
     """
+    try:
+        access = probe_access(probe)
+    except DomainError as exc:
+        return f"probe {probe.name} could not run: {exc}"
     rng = random.SystemRandom()
     seed = rng.randrange(2**31)
     check_seed = (seed + 1 + rng.randrange(2**31 - 1)) % 2**31  # never equal to seed
@@ -561,11 +567,11 @@ def _run_probe(attempt: _Attempt, probe: Probe) -> str:
         plan += [_Slot(repeat, seed) for repeat in range(probe.repeat)]
         for slot in plan:  # warm-ups baseline first; repeats ABBA from the baseline
             flip = slot.repeat > 0 and slot.repeat % 2 == 1
-            failure = _run_slot(attempt, probe, variant, slot, flip=flip)
+            failure = _run_slot(attempt, probe, access, variant, slot, flip=flip)
             if failure:
                 return failure
         if probe.warmup == 0 and _wrote_outputs(attempt, probe, key):
-            failure = _run_slot(attempt, probe, variant, _Slot(-1, check_seed),
+            failure = _run_slot(attempt, probe, access, variant, _Slot(-1, check_seed),
                                 flip=probe.repeat % 2 == 1)
             if failure:
                 return failure
@@ -592,10 +598,12 @@ def execution_label(probe: str, side: str, variant: str, repeat: int) -> str:
     return f"{probe} {side} [{variant or 'default'}] {which}"
 
 
-def _run_slot(attempt: _Attempt, probe: Probe, variant: dict[str, str], slot: _Slot, *,
-              flip: bool) -> str:
+def _run_slot(attempt: _Attempt, probe: Probe, access: ProbeAccess, variant: dict[str, str],
+              slot: _Slot, *, flip: bool) -> str:
     """Both sides of one slot, baseline first unless `flip`."""
     key = variant_key(variant)
+    limits = dataclasses.replace(probe_sandbox_limits(probe),
+                                 address_space_mb=access.address_space_mb)
     sides = list(attempt.trees.items())
     for side, tree in (sides[::-1] if flip else sides):
         if side == "candidate":
@@ -606,12 +614,13 @@ def _run_slot(attempt: _Attempt, probe: Probe, variant: dict[str, str], slot: _S
         sandbox.sandbox_prepare_dir(out, attempt.identity)
         label = execution_label(probe.name, side, key, slot.repeat)
         stream = LogStream(attempt.experiment.pk, label)
-        env = probe_environment(variant, seed=slot.seed, repeat=slot.repeat)
+        env = {"PATH": access.path,
+               **probe_environment(variant, seed=slot.seed, repeat=slot.repeat)}
         try:
             result = sandbox.sandbox_run(
                 sandbox.SandboxSpec(
                     command=measured_command(probe), workdir=tree, out_dir=out, env=env,
-                    limits=probe_sandbox_limits(probe),
+                    limits=limits, devices=access.devices, readonly_binds=access.readonly_binds,
                 ),
                 identity=attempt.identity, on_output=stream,
             )

@@ -17,7 +17,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -31,11 +30,11 @@ from infraops.sandbox import (
     SandboxSpec,
     SandboxUnavailable,
     sandbox_check,
-    sandbox_identity,
     sandbox_prepare_dir,
     sandbox_read_output,
     sandbox_run,
 )
+from tests.infraops.conftest import Dirs
 
 PYTHON = "/usr/bin/python3"
 MARKER = "31.4159"  # a sleep length no other process on the host uses
@@ -51,27 +50,6 @@ def supervisor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     elif not os.access(sandbox.SUPERVISOR_BINARY, os.X_OK):
         pytest.fail("the compiled supervisor is missing: run scripts/setup.sh")
     return str(request.param)
-
-
-@dataclass
-class Dirs:
-    base: Path
-    work: Path
-    out: Path
-    identity: SandboxIdentity
-
-
-@pytest.fixture
-def dirs() -> Iterator[Dirs]:
-    # pytest's tmp_path lives under a 0700 folder the sandbox uid could not reach.
-    base = Path(tempfile.mkdtemp(prefix="infraops-sandbox-test-"))
-    base.chmod(0o755)
-    identity = sandbox_identity() if IS_ROOT else SandboxIdentity(os.getuid(), os.getgid())
-    work, out = base / "work", base / "out"
-    sandbox_prepare_dir(work, identity)
-    sandbox_prepare_dir(out, identity)
-    yield Dirs(base, work, out, identity)
-    shutil.rmtree(base, ignore_errors=True)
 
 
 def limits(**overrides: float) -> SandboxLimits:

@@ -16,10 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +35,7 @@ from infraops.sandbox import (
     sandbox_prepare_dir,
     sandbox_run,
 )
+from tests.infraops.conftest import Dirs, make_dirs
 
 PYTHON = "/usr/bin/python3"
 IS_ROOT = os.geteuid() == 0
@@ -65,32 +63,6 @@ needs_pids = pytest.mark.skipif(
 needs_memory = pytest.mark.skipif(
     "memory" not in CONTROLLERS,
     reason="no usable memory control group (needs root and a writable cgroup memory controller)")
-
-
-@dataclass
-class Dirs:
-    base: Path
-    work: Path
-    out: Path
-    identity: SandboxIdentity
-
-
-def make_dirs() -> Dirs:
-    # pytest's tmp_path lives under a 0700 folder the sandbox uid could not reach.
-    base = Path(tempfile.mkdtemp(prefix="infraops-limits-test-"))
-    base.chmod(0o755)
-    identity = sandbox_identity() if IS_ROOT else SandboxIdentity(os.getuid(), os.getgid())
-    work, out = base / "work", base / "out"
-    sandbox_prepare_dir(work, identity)
-    sandbox_prepare_dir(out, identity)
-    return Dirs(base, work, out, identity)
-
-
-@pytest.fixture
-def dirs() -> Iterator[Dirs]:
-    made = make_dirs()
-    yield made
-    shutil.rmtree(made.base, ignore_errors=True)
 
 
 def limits(**overrides: float) -> SandboxLimits:
@@ -170,7 +142,7 @@ sys.exit(sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in ch
 
 @needs_pids
 def test_a_fork_bomb_in_one_run_does_not_fail_a_concurrent_run(dirs: Dirs) -> None:
-    bomb = make_dirs()
+    bomb = make_dirs("infraops-limits-test-")
     try:
         (bomb.work / "bomb.py").write_text(BOMB)
         (dirs.work / "victim.py").write_text(VICTIM)
@@ -236,7 +208,7 @@ def test_without_control_groups_a_fork_bomb_fails_another_run_only_when_they_sha
 ) -> None:
     monkeypatch.setattr(sandbox, "_CGROUP_CONTROLLERS", ())
     monkeypatch.setattr(sandbox, "_pids_groups_seen", False)
-    bomb = make_dirs()
+    bomb = make_dirs("infraops-limits-test-")
     try:
         (bomb.work / "bomb.py").write_text(BOMB)
         (dirs.work / "victim.py").write_text(VICTIM)
@@ -481,7 +453,7 @@ def test_limits_of_concurrent_runs_in_threads_are_separate(dirs: Dirs) -> None:
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not here")
     results: list[SandboxResult] = []
-    other = make_dirs()
+    other = make_dirs("infraops-limits-test-")
     try:
         thread = threading.Thread(target=lambda: results.append(
             run(other, "cat /proc/self/cgroup", limits())))
@@ -585,3 +557,36 @@ def test_on_cgroup_v2_without_delegation_the_run_goes_on_without_groups_and_says
     assert groups.v2 is None and groups.controllers == set()
     assert any(note.startswith(f"cgroup v2 at {own}:") for note in groups.notes), groups.notes
     assert "no usable memory or pids control group here" in groups.notes
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="control groups are only made as root")
+def test_on_cgroup_v2_a_delegated_group_holds_the_runs_when_the_workers_own_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A container's or a service's own group holds processes (EBUSY for its subtree_control):
+    the runs' groups go below the group INFRAOPS_SANDBOX_CGROUP names, as on the lent H200."""
+    proc, mount = tmp_path / "proc", tmp_path / "cgroup2"
+    own, delegated = mount / "process_api" / "vm", mount / "infraops"
+    proc.mkdir()
+    own.mkdir(parents=True)
+    delegated.mkdir()
+    (proc / "cgroup").write_text("0::/process_api/vm\n")
+    (proc / "mountinfo").write_text(f"30 25 0:26 / {mount} rw - cgroup2 cgroup2 rw\n")
+    (own / "cgroup.controllers").write_text("memory pids\n")
+    (own / "cgroup.subtree_control").mkdir()  # writing it fails, as EBUSY would
+    (delegated / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (delegated / "cgroup.subtree_control").write_text("")
+    monkeypatch.setattr(sandbox, "_CGROUP_ROOT", proc)
+    monkeypatch.setenv(sandbox.CGROUP_DELEGATED_ENV, str(delegated))
+
+    groups = sandbox._Cgroups.make(limits(memory_mb=300))
+
+    assert groups.notes == [] and groups.controllers == {"pids", "memory", "cpuacct"}
+    assert groups.v2 is not None and groups.v2.parent == delegated / sandbox.CGROUP_FOLDER
+    assert (groups.v2 / "memory.max").read_text() == str(300 << 20)
+    # A delegated group that is not there is said, and the run goes on without groups.
+    monkeypatch.setenv(sandbox.CGROUP_DELEGATED_ENV, str(mount / "missing"))
+    groups = sandbox._Cgroups.make(limits())
+    assert groups.v2_controllers <= {"cpuacct"} and "memory" not in groups.controllers
+    assert any(note.startswith(f"{sandbox.CGROUP_DELEGATED_ENV}={mount / 'missing'}:")
+               for note in groups.notes), groups.notes

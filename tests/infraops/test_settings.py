@@ -40,6 +40,10 @@ def manage(*args: str, **overrides: str) -> subprocess.CompletedProcess[str]:
     ("INFRAOPS_SANDBOX_UID_POOL", "0-10", "first-last"),
     ("INFRAOPS_SANDBOX_UID_POOL", "20-10", "first-last"),
     ("INFRAOPS_SANDBOX_UID_POOL", "a-b", "first-last"),
+    ("INFRAOPS_SANDBOX_TOOLCHAINS", "/opt/torch/.venv:opt/cuda", "absolute path"),
+    ("INFRAOPS_SANDBOX_GPU_DEVICES", "nvidia0", "absolute path"),
+    ("INFRAOPS_SANDBOX_CGROUP", "sys/fs/cgroup/infraops", "absolute path"),
+    ("INFRAOPS_GPU_WORKER", "maybe", "maybe"),
 ])
 def test_a_malformed_value_stops_manage_py_with_one_sentence_naming_the_variable(
     name: str, value: str, says: str
