@@ -53,7 +53,7 @@ def main(root: pathlib.Path) -> None:
             for repeat in (-1, 0):
                 env = {"PRECISION": precision, "INFRAOPS_SEED": str(SEEDS[repeat]),
                        "INFRAOPS_REPEAT": str(max(repeat, 0))}
-                execute(DEMO, "python3 bench/gpu_merge.py", env,
+                execute(DEMO, "python3 bench/gpu_merge.py --outputs", env,
                         root / "gpu-cp-equivalence" / side / f"precision={precision}" / str(repeat))
     for side, merged in (("baseline", "False"), ("candidate", "True")):
         tree = tree_with(side, "kernel/tiling.py", r"^MERGE_TILES = \w+$",

