@@ -30,6 +30,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from infraops import gitops, tasks
+from infraops.accelerators import host_has_gpu
 from infraops.celery import app as celery_app
 from infraops.models import Experiment, ProbeExecution, Sample, Target
 from infraops.services import experiments as experiment_service
@@ -446,7 +447,13 @@ def test_routing_sends_a_gpu_probe_only_to_a_worker_consuming_experiments_gpu(
     figure("routing_gpu_on_gpu_worker", int(ran_on[gpu_experiment.pk] == gpu.name), "bool")
     figure("routing_cpu_on_plain_worker",
            sum(ran_on[pk] == plain.name for pk in [cpu_experiment.pk, *later_cpu]), "of 3")
-    assert statuses(ids) == {Experiment.Status.SUCCEEDED: 4}
+    if host_has_gpu():
+        assert statuses(ids) == {Experiment.Status.SUCCEEDED: 4}
+    else:  # routed all the same: the gpu worker took it, and says it has no GPU to give it
+        assert statuses([*later_cpu, cpu_experiment.pk]) == {Experiment.Status.SUCCEEDED: 3}
+        gpu_experiment.refresh_from_db()
+        assert "requires a GPU, and this worker's host has no GPU device node" in (
+            gpu_experiment.failure_reason)
     assert ran_on == {gpu_experiment.pk: gpu.name, cpu_experiment.pk: plain.name,
                       **dict.fromkeys(later_cpu, plain.name)}
 
