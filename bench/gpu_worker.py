@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from infraops.embedded import postgres_url  # noqa: E402  (no Django: before the settings)
+
 GOAL = "Numerics on the GPU: the Triton merge stays close to float64"
 READY = "InfraOps is running at"
 
@@ -46,7 +49,8 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     data = Path(tempfile.mkdtemp(prefix="infraops-gpu-"))
     env = os.environ | {"INFRAOPS_DATA": str(data), "PYTHONUNBUFFERED": "1"}
-    env.pop("DATABASE_URL", None), env.pop("REDIS_URL", None)
+    for name in ("DATABASE_URL", "REDIS_URL"):  # its own embedded ones
+        env.pop(name, None)
     log = (args.out / "standalone.log").open("w")
     started = time.monotonic()
     standalone = subprocess.Popen(
@@ -79,7 +83,8 @@ def wait_for_page(standalone: subprocess.Popen[str], log: Any, deadline: float) 
         line = standalone.stdout.readline()
         if not line:
             raise SystemExit(f"standalone exited ({standalone.poll()}) before its page answered")
-        log.write(line), log.flush()
+        log.write(line)
+        log.flush()
         lines.append(line.rstrip())
         if READY in line:
             copy_rest(standalone, log)
@@ -93,7 +98,8 @@ def copy_rest(standalone: subprocess.Popen[str], log: Any) -> None:
     def pump() -> None:
         assert standalone.stdout is not None
         for line in standalone.stdout:
-            log.write(line), log.flush()
+            log.write(line)
+            log.flush()
 
     threading.Thread(target=pump, daemon=True).start()
 
@@ -103,14 +109,12 @@ def setup_django(data: Path, gpu: bool) -> None:
     import pgserver
 
     server = pgserver.get_server(data / "pgdata", cleanup_mode=None)  # type: ignore[attr-defined]
-    socket_dir = server.get_uri().split("host=", 1)[1].split("&", 1)[0]
     os.environ |= {
         "INFRAOPS_DATA": str(data), "SECRET_KEY": (data / "secret_key").read_text().strip(),
-        "DATABASE_URL": f"postgres://postgres@{urllib.parse.quote(socket_dir, safe='')}/infraops",
+        "DATABASE_URL": postgres_url(server, "infraops"),
         "REDIS_URL": f"unix://{data / 'redis.sock'}", "DJANGO_SETTINGS_MODULE": "infraops.settings"}
     if gpu:
         os.environ["INFRAOPS_GPU_WORKER"] = "true"  # as standalone tells its own processes
-    sys.path.insert(0, str(ROOT))
     import django
 
     django.setup()

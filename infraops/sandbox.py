@@ -1646,7 +1646,8 @@ def sandbox_run(
         raise SandboxUnavailable(
             "A probe without an address-space limit (one on an accelerator) needs a memory "
             "control group to bound its memory, and none can be made here: run the worker as "
-            "root, or in a cgroup v2 subtree delegated to its user.")
+            f"root, and where its own cgroup v2 group holds processes, set "
+            f"{CGROUP_DELEGATED_ENV} to a group that holds none.")
     status_read, status_write = os.pipe()
     run: _Run | None = None
     try:

@@ -40,6 +40,7 @@ class Command(BaseCommand):
             raise CommandError(f"No goal on a target named {options['target']!r}"
                                + (f" named {', '.join(options['goal'])}." if options["goal"]
                                   else "."))
+        live = live_queues() or set()
         for goal in goals:
             if AgentRun.objects.filter(goal_version__goal=goal).exists():
                 continue
@@ -47,7 +48,7 @@ class Command(BaseCommand):
                 self.stdout.write(f"Not starting {goal.name!r}: it needs an LLM endpoint "
                                   "(OPENAI_BASE_URL, or `standalone --demo-llm`).")
                 continue
-            missing = _missing_worker(goal)
+            missing = _missing_worker(goal, live)
             if missing:
                 self.stdout.write(f"Not starting {goal.name!r}: {missing}.")
                 continue
@@ -59,7 +60,7 @@ class Command(BaseCommand):
             self.stdout.write(f"Started run {run.pk} on {goal.name!r}.")
 
 
-def _missing_worker(goal: Goal) -> str | None:
+def _missing_worker(goal: Goal, live: set[str]) -> str | None:
     """Why no worker could serve the goal's probe, when it needs hardware that no live worker
     has and no GPU worker is about to start (settings.GPU_WORKER); None when one can."""
     manifest = goal.target.manifest()
@@ -67,7 +68,7 @@ def _missing_worker(goal: Goal) -> str | None:
     if probe is None or not probe.requires:
         return None
     queue = queue_for([probe])
-    if queue in (live_queues() or set()) or (settings.GPU_WORKER
+    if queue in live or (settings.GPU_WORKER
                                             and queue == f"experiments.{GPU}"):
         return None
     return (f"its probe {probe.name!r} needs a worker with {' and '.join(probe.requires)} "

