@@ -8,7 +8,7 @@ import sys
 
 
 def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.project.settings")
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

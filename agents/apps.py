@@ -8,3 +8,6 @@ class AgentsConfig(AppConfig):
 
     def ready(self) -> None:
         from agents import receivers  # noqa: F401  (connects to the core's signals)
+        from agents.panels import panels_register
+
+        panels_register()  # the run controls and links on the core's pages

@@ -238,7 +238,7 @@ def _budget_exhausted(run: AgentRun) -> str:
 
 def _finish(run: AgentRun, status: str, reason: str) -> None:
     """End the run: its queued experiments are cancelled, its worktree removed."""
-    from infraops.services.experiments import experiment_cancel
+    from infraops.experiments.services import experiment_cancel
 
     run.status = status
     run.stop_reason = reason

@@ -31,7 +31,7 @@ def _redis() -> redis.Redis:
 def _step_record(run_id: int, number: int, worker: str | None) -> str:
     """The record of this step on this worker; '' outside a worker (an eager call, a test),
     where nothing can be lost."""
-    from infraops.celery import this_boot
+    from infraops.experiments.workers import this_boot
 
     name, boot = this_boot()
     worker = worker or name
@@ -66,7 +66,7 @@ def _step_ended(run_id: int, record: str) -> None:
 def orphaned_steps() -> dict[int, tuple[int, str]]:
     """{run id: (step number, record)} of steps whose task started on a worker that is gone
     (killed, or restarted under the same name). Raises RedisError when Redis cannot answer."""
-    from infraops.workers import boot_alive
+    from infraops.experiments.workers import boot_alive
 
     client = _redis()
     orphans: dict[int, tuple[int, str]] = {}

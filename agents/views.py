@@ -31,12 +31,12 @@ from infraops.access import (
     visible_target_ids,
 )
 from infraops.errors import DomainError
+from infraops.experiments.workers import missing_worker_message
 from infraops.live import cursor
 from infraops.models import Experiment, Goal, Target
 from infraops.ratelimit import START_RUN, throttled
 from infraops.reads import JoinedRead, give_related
 from infraops.services.goals import spec_changes
-from infraops.workers import missing_worker_message
 from reviews.live import awaiting_count
 from reviews.models import Change
 

@@ -69,7 +69,7 @@ def setup() -> Path:
     os.environ["DATABASE_URL"] = bench_database_url()
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/10")
     os.environ["INFRAOPS_DATA"] = str(data)
-    os.environ["DJANGO_SETTINGS_MODULE"] = "infraops.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "infraops.project.settings"
     # Outside DEBUG the settings refuse to start without a key; the bench signs nothing.
     os.environ.setdefault("SECRET_KEY", "bench-" + os.urandom(16).hex())
     import django
@@ -117,10 +117,10 @@ def candidate(target, n: int) -> str:  # type: ignore[no-untyped-def]
 def start_worker(data: Path) -> subprocess.Popen[bytes]:
     log = (data / "worker.log").open("wb")
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "infraops", "worker", "-Q", "experiments",
+        [sys.executable, "-m", "celery", "-A", "infraops.project", "worker", "-Q", "experiments",
          "-c", "1", "-n", f"bench-{os.getpid()}@%h", "--loglevel", "WARNING"],
         cwd=ROOT, env=os.environ.copy(), stdout=log, stderr=subprocess.STDOUT)
-    from infraops.workers import live_queues
+    from infraops.experiments.workers import live_queues
 
     deadline = time.monotonic() + 60
     while "experiments" not in (live_queues() or set()):
@@ -143,7 +143,7 @@ def wait_finished(pk: int, timeout: float = 120):  # type: ignore[no-untyped-def
 
 
 def bench_dispatch_and_wall(target) -> None:  # type: ignore[no-untyped-def]
-    from infraops.services.experiments import experiment_request
+    from infraops.experiments.services import experiment_request
 
     base = target.manifest_commit
     dispatch: list[float] = []
@@ -195,7 +195,7 @@ class DirectProbe:
 
 
 def bench_sandbox_start(data: Path) -> None:
-    from infraops import sandbox
+    from infraops.experiments import sandbox
 
     work, out = data / "sb-work", data / "sb-out"
     identity = sandbox.sandbox_identity()
@@ -212,8 +212,8 @@ def bench_sandbox_start(data: Path) -> None:
 
 
 def bench_ingest(target) -> None:  # type: ignore[no-untyped-def]
+    from infraops.experiments.results import MetricRow, samples_copy
     from infraops.models import Experiment, ProbeExecution, Sample
-    from infraops.services.results import MetricRow, samples_copy
 
     experiment = Experiment.objects.create(target=target, candidate_commit="0" * 40,
                                            baseline_commit="0" * 40)

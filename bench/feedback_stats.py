@@ -6,7 +6,7 @@
 
 DATABASE_URL names the PostgreSQL server (default: the local one); the bench uses a database of
 its own there, `infraops_bench_feedback` (created when missing, migrated): the bench sets Django
-up itself (DJANGO_SETTINGS_MODULE=infraops.settings) and stores its real experiments there
+up itself (DJANGO_SETTINGS_MODULE=infraops.project.settings) and stores its real experiments there
 under a target `bench-instructions-<pid>`, deleted at the end; clones, checkouts and blobs go
 to a temporary data folder (INFRAOPS_DATA), also removed. It also needs bubblewrap and
 valgrind. About 4-6 minutes on a 2-core machine, most of it callgrind.
@@ -14,7 +14,7 @@ valgrind. About 4-6 minutes on a 2-core machine, most of it callgrind.
 Synthetic (numbers drawn here, compare() called directly):
 - aa_false_alarm_rate: share of A/A comparisons (both sides from one lognormal distribution,
   CV 20% as measured for wall time on this machine class, 20 samples a side) that
-  `infraops.stats.compare` calls improved or regressed;
+  `infraops.feedback.stats.compare` calls improved or regressed;
 - pyperf_aa_false_alarm_rate: the same samples through the check `python -m pyperf compare_to`
   uses (`pyperf._compare.CompareResult.significant`: Student's t-test at 95%, no --min-speed);
 - detection_rate_10pct_cv5: share of comparisons with a 10% slower candidate, CV 5%, 20
@@ -81,7 +81,7 @@ from pyperf._compare import CompareData, CompareResult
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infraops.stats import (  # noqa: E402
+from infraops.feedback.stats import (  # noqa: E402
     DEFAULT_NO_CHANGE_MARGIN,
     IMPROVED,
     NO_CHANGE,
@@ -249,7 +249,7 @@ def setup_django() -> Path:
     data = Path(tempfile.mkdtemp(prefix="infraops-feedback-stats-"))
     data.chmod(0o755)  # the sandbox user reaches the checkouts under it
     os.environ["INFRAOPS_DATA"] = str(data)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.project.settings")
     # Outside DEBUG the settings refuse to start without a key; the bench signs nothing.
     os.environ.setdefault("SECRET_KEY", "bench-feedback-stats-" + os.urandom(16).hex())
     import django

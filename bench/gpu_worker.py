@@ -112,7 +112,8 @@ def setup_django(data: Path, gpu: bool) -> None:
     os.environ |= {
         "INFRAOPS_DATA": str(data), "SECRET_KEY": (data / "secret_key").read_text().strip(),
         "DATABASE_URL": postgres_url(server, "infraops"),
-        "REDIS_URL": f"unix://{data / 'redis.sock'}", "DJANGO_SETTINGS_MODULE": "infraops.settings"}
+        "REDIS_URL": f"unix://{data / 'redis.sock'}",
+        "DJANGO_SETTINGS_MODULE": "infraops.project.settings"}
     if gpu:
         os.environ["INFRAOPS_GPU_WORKER"] = "true"  # as standalone tells its own processes
     import django
@@ -126,7 +127,7 @@ def drive(data: Path, args: argparse.Namespace, password: str, started: float,
     from django.core.management import call_command
 
     from agents.models import AgentRun
-    from infraops.workers import live_queues
+    from infraops.experiments.workers import live_queues
 
     page_seconds = time.monotonic() - started
     queue = "experiments.gpu" if args.gpu == "on" else "experiments"

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 # The agent's tools import models: Django is set up first. No database is touched, so a
 # throw-away key is enough when none is set.
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.project.settings")
 os.environ.setdefault("SECRET_KEY", "bench-hostile-patches-not-a-service")
 django.setup()
 

@@ -26,11 +26,11 @@ from django.conf import settings
 from django.db import connection
 
 from infraops import gitops
-from infraops.blobs import blob_path
+from infraops.experiments.blobs import blob_path
+from infraops.experiments.services import CALLGRIND_PREFIX, experiment_execute, worker_name
+from infraops.feedback.stats import parse_callgrind_total
 from infraops.models import Artifact, Experiment, ProbeExecution, Sample, Target
-from infraops.services.experiments import CALLGRIND_PREFIX, experiment_execute, worker_name
 from infraops.services.targets import target_register
-from infraops.stats import parse_callgrind_total
 
 PROBE = "count"
 METRIC = "instructions"
@@ -261,7 +261,7 @@ def measured_counts(experiment: Experiment) -> dict[str, list[float]]:
 
 def artifact_instructions(execution: ProbeExecution) -> float | None:
     """The execution's instruction count read back from its callgrind artifacts (the sum over
-    every traced process, as infraops.services.results.instruction_rows counts a sample);
+    every traced process, as infraops.experiments.results.instruction_rows counts a sample);
     None when it left none or one cannot be read."""
     root = Path(settings.DATA_DIR) / "blobs"
     total, found = 0, False
@@ -294,7 +294,7 @@ def delete_targets(names: list[str]) -> None:
 
 def env_ready() -> str | None:
     """Why real instruction-count experiments cannot run here, or None."""
-    from infraops.sandbox import sandbox_check
+    from infraops.experiments.sandbox import sandbox_check
 
     if shutil.which("valgrind", path=SANDBOX_PATH) is None:
         return "valgrind is not installed"

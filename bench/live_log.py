@@ -39,7 +39,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.project.settings")
 os.environ.setdefault("SECRET_KEY", "bench-live-log")
 os.environ.setdefault("INFRAOPS_DATA", tempfile.mkdtemp(prefix="bench-live-log-"))
 
@@ -96,7 +96,7 @@ def web_process(log_path: Path) -> Iterator[tuple[int, psutil.Process]]:
     port = free_port()
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "infraops.asgi:application", "--host",
+            [sys.executable, "-m", "uvicorn", "infraops.project.asgi:application", "--host",
              "127.0.0.1", "--port", str(port), "--no-access-log"],
             cwd=ROOT, env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
         try:

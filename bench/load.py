@@ -15,7 +15,7 @@ History on this machine class (2 cores): 30 clients on one web process gave a p9
 pool, one thread per request and fewer queries brought it to 0.41-0.58 s; access per target
 to 0.62-0.66 s (13.5-15.5 ms of web CPU a request). On 2026-12-02's machine: 0.82-1.36 s,
 20-24 ms a request; each request's user in one query and every HTTP request served whole by
-one thread of a fixed pool (infraops/asgi.py): 0.71-0.77 s, 17-18 ms. Then the reads every
+one thread of a fixed pool (infraops/project/asgi.py): 0.71-0.77 s, 17-18 ms. Then the reads every
 page makes as statements built once per process (session, user, roles, the review count, the
 page's main object with its relations: infraops/reads.py) and server-side prepared statements
 (PostgreSQL's planning of the joined reads had competed for the second core): 0.24-0.29 s at
@@ -89,7 +89,7 @@ def setup(data: Path, database: str) -> tuple[dict[str, str], int]:
     """The database with the example target, a user and a run; the web process's env."""
     env = os.environ | {
         "DATABASE_URL": _database(database, create=True), "INFRAOPS_DATA": str(data),
-        "DJANGO_SETTINGS_MODULE": "infraops.settings", "PYTHONUNBUFFERED": "1",
+        "DJANGO_SETTINGS_MODULE": "infraops.project.settings", "PYTHONUNBUFFERED": "1",
         "SECRET_KEY": os.environ.get("SECRET_KEY") or "load-bench-" + os.urandom(16).hex(),
     }
     env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/10")
@@ -129,8 +129,8 @@ def setup(data: Path, database: str) -> tuple[dict[str, str], int]:
 def start_web(env: dict[str, str], data: Path, port: int) -> subprocess.Popen[bytes]:
     log = (data / "web.log").open("wb")
     web = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "infraops.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--no-access-log"],
+        [sys.executable, "-m", "uvicorn", "infraops.project.asgi:application",
+         "--host", "127.0.0.1", "--port", str(port), "--no-access-log"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

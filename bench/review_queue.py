@@ -104,7 +104,7 @@ def setup() -> None:
     os.environ["DATABASE_URL"] = recreate_database()
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/13")
     os.environ["INFRAOPS_DATA"] = tempfile.mkdtemp(prefix="infraops-bench-queue-")
-    os.environ["DJANGO_SETTINGS_MODULE"] = "infraops.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "infraops.project.settings"
     # Outside DEBUG the settings refuse to start without a key; the bench signs nothing.
     os.environ.setdefault("SECRET_KEY", "bench-" + os.urandom(16).hex())
     import django

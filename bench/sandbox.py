@@ -1,4 +1,5 @@
-"""Sandbox containment figures: real attack attempts inside infraops.sandbox.sandbox_run.
+"""Sandbox containment figures: real attack attempts inside
+infraops.experiments.sandbox.sandbox_run.
 
     .venv/bin/python bench/sandbox.py        (as the worker runs: root; no Django, no database)
 
@@ -38,7 +39,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from infraops import sandbox  # noqa: E402
+from infraops.experiments import sandbox  # noqa: E402
 
 PYTHON = "/usr/bin/python3"  # inside the sandbox only /usr is there; same program on the host
 CANARY_VAR = "INFRAOPS_BENCH_ENV_CANARY"

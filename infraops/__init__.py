@@ -1,7 +1,5 @@
-"""InfraOps core: targets, goals, boundaries, criteria, probes, experiments, feedback."""
+"""InfraOps core: targets, goals, boundaries, criteria, probes, experiments, feedback.
 
-from __future__ import annotations
-
-from infraops.celery import app as celery_app
-
-__all__ = ("celery_app",)
+Importing this package starts nothing: the Celery application lives in the project package
+(``infraops.project``), and the pure analysis (``infraops.feedback``) imports no Django.
+"""

@@ -123,7 +123,7 @@ GROUP_NAMES_ATTRIBUTE = "infraops_group_names"
 
 def request_roles(request: HttpRequest) -> set[str]:
     """The signed-in user's roles, read once per request: the view's access check and the
-    page's navigation and controls (infraops.context_processors) share one query, or none
+    page's navigation and controls (infraops.project.context_processors) share one query, or none
     where the backend read the group names with the user. Per request, not per user instance:
     a websocket's user lives for hours, and its roles must be re-read."""
     roles: set[str] | None = getattr(request, _ROLES_OF_REQUEST, None)

@@ -9,8 +9,8 @@ class InfraopsConfig(AppConfig):
     verbose_name = "InfraOps"
 
     def ready(self) -> None:
+        from infraops.experiments.results import experiment_changed
         from infraops.roles import ensure_roles
-        from infraops.services.results import experiment_changed
         from infraops.signals import experiment_finished
 
         # After auth's own handler has made this app's permissions (auth is listed first).

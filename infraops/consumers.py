@@ -42,9 +42,9 @@ from django.utils.crypto import constant_time_compare
 from django.utils.html import format_html
 
 from infraops.access import has_any_access, scoped
+from infraops.experiments.results import experiment_group
 from infraops.live import CURSOR_MAX
 from infraops.models import Experiment, ExperimentLog
-from infraops.services.results import experiment_group
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ The file format (see docs/feedback-contract.md; ``metrics``, ``files``, ``always
     warmup = 1                       # executions a side before the samples (default 1)
     plausible_speedup = 5            # a faster candidate fails as implausible (default 5)
     processes = 64                   # sandbox limits of one execution, within the operator's
-    memory_mb = 2048                 # maxima (defaults: the sandbox's, see infraops/sandbox.py):
+    memory_mb = 2048                 # maxima (defaults: infraops.experiments.sandbox's):
     disk_mb = 1024                   # processes, total memory, what it writes (work tree + output)
     always = false                   # run even when covers misses the change
     files = ["bench/decode.py"]      # the probe's own files, protected from agent edits
@@ -120,7 +120,7 @@ _GLOB_CHARS = frozenset("*?[")
 _NAME_RULE = "letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 # A probe's `meta`: free facts about what it exercises (op_class, dtype, shapes), read by the
-# skeleton library's conditions (infraops/applicability.py), whose field names follow the
+# skeleton library's conditions (skeletons/applicability.py), whose field names follow the
 # same rule. The probe's own fields are facts already: meta may not say them again.
 META_KEY_RE = re.compile(r"[a-z][a-z0-9_]{0,39}")
 META_KEY_RULE = ("lower-case letters, digits and '_', starting with a letter, at most 40 "

@@ -419,7 +419,8 @@ class Experiment(models.Model):
         help_text="probe.metric the margin is the smallest meaningful effect of (the goal's); "
                   "other metrics use the default 1%. Blank: every metric.")
     feedback = models.JSONField(default=dict, blank=True,
-                                help_text="Findings, most specific first (infraops.feedback).")
+                                help_text="Findings, most specific first "
+                                          "(infraops.feedback.findings).")
 
     objects = ExperimentQuerySet.as_manager()
 
@@ -566,7 +567,3 @@ class AuditEntry(models.Model):
     def __str__(self) -> str:
         return f"{self.actor_label} {self.action} {self.object_type}:{self.object_id}"
 
-
-# The skeleton library's models live in infraops/skeletons.py; Django finds an app's models
-# through its models module, hence this import at the end (that module imports none of these).
-from infraops import skeletons as _skeletons  # noqa: E402, F401  (registers its models)

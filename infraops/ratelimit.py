@@ -4,7 +4,8 @@ A fixed window per user and action: the user's first call starts a window of
 RATE_WINDOW_SECONDS, the first RATE_<ACTION>_PER_MIN calls in it go through, the rest answer
 429 with a sentence saying when to try again, and nothing is created. The counts live in the
 "limits" cache (Redis), so every web process counts the same calls; if that cache fails,
-nothing is refused (the failure is logged), as the sign-in throttle (infraops/login.py) does.
+nothing is refused (the failure is logged), as the sign-in throttle (infraops/project/login.py)
+does.
 """
 
 from __future__ import annotations

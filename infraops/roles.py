@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TypeGuard
 
 from django.contrib.auth.models import AnonymousUser, User
@@ -23,7 +23,6 @@ ROLE_PERMISSIONS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
         ("infraops", "acceptancecriterion", ("add", "change", "delete", "view")),
         ("infraops", "goalversion", ("view",)),
         ("infraops", "experiment", ("view",)),
-        ("infraops", "skeleton", ("add", "change", "view")),
     ],
     REVIEWER: [("infraops", "auditentry", ("view",))],
     VIEWER: [],
@@ -33,9 +32,15 @@ ROLE_PERMISSIONS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
 def ensure_roles(**kwargs: object) -> None:
     """The role groups and their grants exist (post_migrate: after migrate and after flush).
     Adds what is missing; never removes a permission an operator granted."""
+    roles_grant(ROLE_PERMISSIONS)
+
+
+def roles_grant(grants_by_role: Mapping[str, list[tuple[str, str, tuple[str, ...]]]]) -> None:
+    """Give each role group (made if missing) these model permissions; apps above the core
+    call it from their own post_migrate handler with their models' grants."""
     from django.contrib.auth.models import Group, Permission
 
-    for role, grants in ROLE_PERMISSIONS.items():
+    for role, grants in grants_by_role.items():
         group, _ = Group.objects.get_or_create(name=role)
         for app_label, model, actions in grants:
             wanted = Permission.objects.filter(

@@ -6,7 +6,7 @@ from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 
-from infraops.services import experiments
+from infraops.experiments import services as experiments
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)

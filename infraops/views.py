@@ -9,11 +9,11 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from infraops.access import get_visible_or_404, target_roles
-from infraops.charts import feedback_charts
+from infraops.experiments.services import reproduce_command
+from infraops.experiments.workers import missing_worker_message
+from infraops.feedback.charts import feedback_charts
 from infraops.live import cursor
 from infraops.models import Experiment, Target
-from infraops.services.experiments import reproduce_command
-from infraops.workers import missing_worker_message
 
 
 def target_detail(request: HttpRequest, name: str) -> HttpResponse:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infraops.criteria import CRITERION_KEYS, criterion_name
+from infraops.feedback.criteria import CRITERION_KEYS, criterion_name
 
 RISK_LAYERS = ("numerics", "concurrency", "production")
 UNCLASSIFIED = "unclassified"
@@ -52,7 +52,7 @@ class CriterionVerdict:
 
 @dataclass(frozen=True)
 class PerformanceResult:
-    """One performance comparison of the evidence experiment (infraops.feedback)."""
+    """One performance comparison of the evidence experiment (infraops.feedback.findings)."""
 
     probe: str
     metric: str

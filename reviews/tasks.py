@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from reviews.services import merge, skeletons
+from reviews.services import merge
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
@@ -19,9 +19,3 @@ def changes_reap() -> list[int]:
     """Finish merges a killed process left half done; move on re-verified changes."""
     return merge.changes_reap()
 
-
-@shared_task(acks_late=True, reject_on_worker_lost=True)
-def skeleton_outcome(change_id: int) -> None:
-    """What a merged or rejected change means for the skeleton library. Safe twice: uses move
-    only out of "applied", and a change proposes at most one draft."""
-    skeletons.skeleton_outcome_record(change_id=change_id)

@@ -53,11 +53,11 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.requirements-* && touch "$stamp"
 fi
 
-# The sandbox supervisor in C (infraops/sandbox.py falls back to a Python one without it).
+# The sandbox supervisor in C (infraops/experiments/sandbox.py falls back to a Python one without it).
 supervisor=.venv/bin/infraops-sandbox-supervisor
-if [ ! -x "$supervisor" ] || [ infraops/native/sandbox_supervisor.c -nt "$supervisor" ]; then
+if [ ! -x "$supervisor" ] || [ infraops/experiments/native/sandbox_supervisor.c -nt "$supervisor" ]; then
   if command -v cc >/dev/null; then
-    cc -O2 -Wall -Wextra -Werror -o "$supervisor" infraops/native/sandbox_supervisor.c
+    cc -O2 -Wall -Wextra -Werror -o "$supervisor" infraops/experiments/native/sandbox_supervisor.c
   else
     echo "No C compiler: probes start through the slower Python supervisor." >&2
   fi

@@ -91,7 +91,7 @@ def leases_inside_the_test_transaction(request: pytest.FixtureRequest,
     transactional = bool({"transactional_db", "live_server"} & set(request.fixturenames)) or (
         marker is not None and bool(marker.kwargs.get("transaction", marker.args[:1] == (True,))))
     if not transactional:
-        from infraops.services import experiments
+        from infraops.experiments import services as experiments
 
         monkeypatch.setattr(experiments, "RENEW_EVERY", 24 * 3600.0)
 
@@ -123,11 +123,11 @@ def outside(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def skeleton_seeds(db: None) -> None:
-    """The skeletons migration 0013 seeds, made again: a transactional test before this one
+    """The skeletons migration 0002 seeds, made again: a transactional test before this one
     flushed every table, data migrations' rows included."""
     from django.apps import apps
 
-    importlib.import_module("infraops.migrations.0013_seed_skeletons").seed(apps, None)
+    importlib.import_module("skeletons.migrations.0002_seed_skeletons").seed(apps, None)
 
 
 def case_source(tmp_path: Path, case: str) -> Path:

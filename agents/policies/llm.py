@@ -34,7 +34,7 @@ from agents import llm, tools
 from agents.events import run_event
 from agents.models import AgentRun, RunMessage, Step
 from agents.policies.outcome import Finish, StepOutcome, Wait
-from agents.policies.shared import boundary, ensure_worktree, pinned_manifest
+from agents.policies.shared import boundary, ensure_worktree, experiment_text, pinned_manifest
 from agents.tools import workspace
 from infraops.models import Experiment
 from reviews.models import ReviewComment, ReviewDecision
@@ -132,7 +132,7 @@ def think(prepared: Prepared) -> llm.LLMReply | Fault:
                   data={"retry_in": seconds, "attempt": attempt, "reason": reason})
 
     try:
-        return llm.chat(prepared.config, prepared.messages, tools.TOOL_SPECS,
+        return llm.chat(prepared.config, prepared.messages, tools.tool_specs(),
                         secrets=known_secrets(), on_wait=said_wait)
     except llm.LLMRetryLater as exc:
         return Fault(str(exc), True, exc.retry_after)
@@ -372,17 +372,6 @@ def _manifest_summary(run: AgentRun) -> dict[str, Any]:
     return {"probes": [{"name": p.name, "layer": p.layer, "cost": p.cost, "covers": p.covers,
                         "metrics": p.metrics} for p in manifest.probes],
             "knobs": [{"name": k.name, "file": k.file} for k in manifest.knobs]}
-
-
-def experiment_text(experiment: Experiment) -> str:
-    """What the agent reads about a finished experiment: why it failed, if it did, then its
-    feedback (which names a crashed probe's exit status, reason and stderr tail). Probe
-    output is in it: callers wrap it with untrusted()."""
-    text = str(experiment.feedback.get("agent_text", ""))
-    reason = experiment.failure_reason
-    if reason and reason not in text:
-        text = f"Failure: {reason}\n{text}" if text else f"Failure: {reason}"
-    return text
 
 
 def _news(run: AgentRun) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:

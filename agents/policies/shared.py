@@ -13,16 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 
 from agents.events import run_event
 from agents.models import AgentRun, Hypothesis
 from infraops import gitops
 from infraops.errors import DomainError
+from infraops.experiments.services import experiment_request, margin_metric_of, margin_of
 from infraops.manifest import Manifest
 from infraops.models import Experiment
-from infraops.services.experiments import experiment_request, margin_metric_of, margin_of
 from infraops.services.targets import target_manifest_at
-from infraops.skeletons import SkeletonUse
 from reviews.diff_policy import Policy, Violation, check_diff
 from reviews.models import Change
 from reviews.services import change_submit
@@ -154,17 +154,28 @@ def submit_change(run: AgentRun, *, title: str, hypothesis: str, experiment: Exp
                   head_commit: str, evidence: dict[str, Any] | None = None) -> Change:
     """Submit base..head_commit for review with `experiment` as its evidence; the merge gate
     decides its status. The change joins the run and the run page says so."""
-    change = change_submit(
-        target=run.target, title=title, hypothesis=hypothesis,
-        evidence={"experiment": experiment.pk, "criteria": criteria_verdicts(experiment),
-                  "feedback": experiment.feedback.get("agent_text", ""), **(evidence or {})},
-        base_commit=run.base_commit, head_commit=head_commit, author_label=f"run {run.pk}",
-        requested_by=run.started_by, goal_version=run.goal_version, experiment=experiment)
-    run.changes.add(change)
-    # The skeletons the run applied ride on its newest change: that change's decision is
-    # their outcome (reviews/services/skeletons.py).
-    SkeletonUse.objects.filter(run=run, outcome=SkeletonUse.Outcome.APPLIED).update(change=change)
+    with transaction.atomic():  # the change joins the run before anything hears of it
+        change = change_submit(
+            target=run.target, title=title, hypothesis=hypothesis,
+            evidence={"experiment": experiment.pk, "criteria": criteria_verdicts(experiment),
+                      "feedback": experiment.feedback.get("agent_text", ""),
+                      **(evidence or {})},
+            base_commit=run.base_commit, head_commit=head_commit,
+            author_label=f"run {run.pk}", requested_by=run.started_by,
+            goal_version=run.goal_version, experiment=experiment)
+        run.changes.add(change)
     run_event(run_id=run.pk, kind="change",
               message=f"Change {change.pk} submitted ({change.get_status_display()}).",
               data={"change": change.pk})
     return change
+
+
+def experiment_text(experiment: Experiment) -> str:
+    """What the agent reads about a finished experiment: why it failed, if it did, then its
+    feedback (which names a crashed probe's exit status, reason and stderr tail). Probe
+    output is in it: callers wrap it with untrusted()."""
+    text = str(experiment.feedback.get("agent_text", ""))
+    reason = experiment.failure_reason
+    if reason and reason not in text:
+        text = f"Failure: {reason}\n{text}" if text else f"Failure: {reason}"
+    return text

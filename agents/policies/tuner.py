@@ -39,9 +39,9 @@ from agents.policies.shared import (
 )
 from infraops import gitops
 from infraops.errors import DomainError
+from infraops.feedback.samples import MetricComparison
 from infraops.manifest import Knob, knob_apply, knob_read, knob_values
 from infraops.models import Experiment
-from infraops.samples import MetricComparison
 from reviews.diff_policy import path_violations
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

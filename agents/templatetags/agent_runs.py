@@ -1,6 +1,5 @@
-"""Runs on pages of the core app (whose Python does not import agents): a target's recent
-runs, the run already active on a goal, the runs and changes of an experiment; and the run
-page's experiments with their chart of trials."""
+"""The run page's experiments with their chart of trials. (What the agents app shows on the
+core's pages is drawn through the core's panels: agents/panels.py.)"""
 
 from __future__ import annotations
 
@@ -14,34 +13,9 @@ from django.utils.safestring import SafeString
 
 from agents.charts import progress_svg, trials_svg
 from agents.models import AgentRun
-from infraops.models import Experiment, Goal, Target
-from reviews.models import Change
+from infraops.models import Experiment
 
 register = template.Library()
-
-
-@register.inclusion_tag("agents/target_runs.html")
-def target_runs(target: Target) -> dict[str, Any]:
-    runs = (AgentRun.objects.filter(target=target)
-            .select_related("goal_version__goal__target", "started_by")[:20])
-    return {"runs": runs}
-
-
-@register.inclusion_tag("agents/experiment_links.html")
-def experiment_links(experiment: Experiment) -> dict[str, Any]:
-    """The runs that asked for the experiment and the changes it is the evidence of."""
-    return {"runs": list(AgentRun.objects.filter(experiments=experiment)
-                         .order_by("pk").values_list("pk", flat=True)[:20]),
-            "changes": list(Change.objects.filter(experiment=experiment)
-                            .order_by("pk").values_list("pk", "title")[:20])}
-
-
-@register.simple_tag
-def active_run(goal: Goal) -> AgentRun | None:
-    """The goal's running or paused run, if any: a second one would compete with it."""
-    return (AgentRun.objects.filter(goal_version__goal=goal,
-                                    status__in=AgentRun.active_statuses())
-            .order_by("-created_at").first())
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ Each tool is one entry (name, description, JSON schema, function) registered wit
 - ``agents.tools.run``: the run's experiments, hypotheses, change and end (database);
 - ``agents.tools.experiments``: reading the run's experiments closer (a crash's stderr, the
   probes and their cost, two experiments side by side, a case's numbers, a span's timing);
-- ``agents.tools.skeletons``: the skeleton library: the techniques that fit a probe, and
-  recording that the run applies one.
+- tools of apps above this one, registered from their app config when Django starts
+  (``skeletons.tools``: the techniques of the skeleton library that fit a probe, and recording
+  that the run applies one).
 
 Every call goes through :func:`tool_call`, which parses and validates the arguments against
 the entry's schema before anything runs.
@@ -34,7 +35,6 @@ from typing import Any
 
 from agents.tools import experiments as _experiment_tools  # noqa: F401  (registers them)
 from agents.tools import run as _run_tools  # noqa: F401  (registers the run tools)
-from agents.tools import skeletons as _skeleton_tools  # noqa: F401  (registers them)
 from agents.tools import workspace as _workspace_tools  # noqa: F401  (registers them)
 from agents.tools.base import (
     MAX_RESULT_CHARS,
@@ -53,10 +53,14 @@ from agents.tools.schema import parse_arguments, schema_hint, validate
 from infraops import gitops
 from infraops.errors import DomainError
 
-__all__ = ["MAX_RESULT_CHARS", "REGISTRY", "TOOL_SPECS", "Effects", "Tool", "ToolContext",
-           "ToolResult", "tool_call"]
+__all__ = ["MAX_RESULT_CHARS", "REGISTRY", "Effects", "Tool", "ToolContext", "ToolResult",
+           "tool_call", "tool_specs"]
 
-TOOL_SPECS: list[dict[str, Any]] = [entry.spec for entry in REGISTRY.values()]
+
+def tool_specs() -> list[dict[str, Any]]:
+    """Every registered tool's definition, as a request sends them. Read at call time: apps
+    above this one register their tools when Django starts, after this module is imported."""
+    return [entry.spec for entry in REGISTRY.values()]
 
 
 def tool_call(ctx: ToolContext, name: str, arguments: str) -> ToolResult:

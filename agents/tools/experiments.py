@@ -34,13 +34,13 @@ from agents.policies.shared import pinned_manifest
 from agents.tools.base import ToolContext, ToolError, ToolResult, tool
 from agents.tools.run import run_experiment_of, the_run
 from agents.tools.schema import MAX_ID, integer, obj, string
-from infraops import correctness, traces
-from infraops.blobs import blob_path
+from infraops.experiments.analysis import link_outputs
+from infraops.experiments.behaviour import TRACE_MAX_BYTES
+from infraops.experiments.blobs import blob_path
+from infraops.experiments.services import reproduce_command
+from infraops.feedback import correctness, traces
 from infraops.manifest import DEFAULT_ATOL, DEFAULT_RTOL, Probe
 from infraops.models import Artifact, Experiment, ProbeExecution, variant_key
-from infraops.services.behaviour import TRACE_MAX_BYTES
-from infraops.services.experiments import reproduce_command
-from infraops.services.feedback import link_outputs
 
 STDERR_TAIL_CHARS = 4000
 STDOUT_TAIL_CHARS = 1000

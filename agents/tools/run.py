@@ -15,6 +15,7 @@ from agents.models import AgentRun, Hypothesis
 from agents.policies.shared import (
     Refusal,
     commit_worktree,
+    experiment_text,
     request_experiment,
     submit_change,
 )
@@ -90,8 +91,6 @@ def _run_experiment(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     untrusted=True, needs_run=True,
 )
 def _inspect_experiment(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
-    from agents.policies.llm import experiment_text
-
     experiment = run_experiment_of(ctx, args["experiment_id"])
     ctx.effects.experiment = experiment.pk
     text = experiment_text(experiment) or "no feedback yet"

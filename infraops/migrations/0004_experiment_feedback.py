@@ -18,6 +18,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='experiment',
             name='feedback',
-            field=models.JSONField(blank=True, default=dict, help_text='Findings, most specific first (infraops.feedback).'),
+            field=models.JSONField(blank=True, default=dict, help_text='Findings, most specific first (infraops.feedback.findings).'),
         ),
     ]

@@ -13,7 +13,7 @@ from infraops.services.audit import audit_record
 from reviews.live import queue_changed, reviewer_classes
 from reviews.models import Change, ReviewComment, ReviewDecision
 from reviews.services.merge import change_advance, change_merge_prepare
-from reviews.services.skeletons import skeleton_outcome_after_commit
+from reviews.signals import change_decided_after_commit
 
 MAX_COMMENT = 10_000
 DECIDABLE = (Change.Status.PENDING_REVIEW,)
@@ -98,7 +98,7 @@ def review_decide(
                      data={"diff_sha256": locked.diff_sha256, "base": locked.base_commit,
                            "comment": comment})
         if status == Change.Status.REJECTED:
-            skeleton_outcome_after_commit(locked.pk)
+            change_decided_after_commit(locked.pk, Change.Status.REJECTED)
         if status == Change.Status.APPROVED:
             locked.refresh_from_db()
             try:

@@ -26,18 +26,18 @@ from django.utils import timezone
 
 from infraops import gitops
 from infraops.errors import DomainError
-from infraops.models import Experiment
-from infraops.services.audit import audit_record
-from infraops.services.experiments import (
+from infraops.experiments.services import (
     experiment_request,
     margin_metric_of,
     margin_of,
 )
+from infraops.models import Experiment
+from infraops.services.audit import audit_record
 from reviews import gate
 from reviews.live import queue_changed
 from reviews.models import Change
 from reviews.services.facts import change_facts
-from reviews.services.skeletons import skeleton_outcome_after_commit
+from reviews.signals import change_decided_after_commit
 
 log = logging.getLogger(__name__)
 
@@ -254,7 +254,7 @@ def _merge_complete(change: Change) -> None:
                          data={"commit": commit, "branch": branch, "approved_by":
                                intent.get("actor")})
             queue_changed()
-            skeleton_outcome_after_commit(change.pk)
+            change_decided_after_commit(change.pk, Change.Status.MERGED)
 
 
 def _fail(change: Change, status: str, reason: str) -> Change:

@@ -16,6 +16,7 @@ from reviews.live import queue_changed
 from reviews.models import Change
 from reviews.services.facts import change_facts
 from reviews.services.merge import change_merge_prepare
+from reviews.signals import change_submitted_after_commit
 
 MAX_TITLE = 300
 
@@ -49,6 +50,9 @@ def change_submit(
             risk=findings, risk_classes=sorted({f["category"] for f in findings}),
             author_label=author_label, requested_by=requested_by,
         )
+        # First of this transaction's after-commit work: the library ties the run's skeletons
+        # to the change before any merge task can decide it.
+        change_submitted_after_commit(change.pk)
         checks = change_gate_refresh(change=change)
         audit_record(actor=None, actor_label=author_label, action="change.submit", obj=change,
                      data={"risk": change.risk_classes, "gate_passed": change.gate_passed,

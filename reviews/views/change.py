@@ -11,8 +11,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from infraops.access import HtmxHttpRequest, get_visible_or_404
-from infraops.charts import feedback_charts
 from infraops.errors import DomainError, Forbidden
+from infraops.feedback.charts import feedback_charts
 from infraops.ratelimit import APPROVE, throttled
 from reviews.diff_render import render_diff
 from reviews.models import Change, ReviewDecision

@@ -1,4 +1,4 @@
-"""agents/consumers.py through infraops.asgi.application: who may open a run's socket, and
+"""agents/consumers.py through infraops.project.asgi.application: who may open a run's socket, and
 which rendered event rows it sends (after N on request, new rows when an event is appended).
 
 The run is made with the ORM rather than agents.services.run_start, which would send a real
@@ -25,8 +25,8 @@ from django.test import Client
 
 from agents.events import run_event
 from agents.models import AgentRun
-from infraops.asgi import application
 from infraops.models import Goal
+from infraops.project.asgi import application
 from tests.agents.live_stream import append_lines, database_transcript, frame_rows
 from tests.conftest import UserFactory
 

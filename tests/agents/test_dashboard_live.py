@@ -16,9 +16,9 @@ from django.utils import timezone
 from agents.events import RUNS_GROUP, run_event
 from agents.goals import goal_progress
 from agents.models import AgentRun
-from infraops.asgi import application
 from infraops.live import notify
 from infraops.models import Experiment, Goal
+from infraops.project.asgi import application
 from reviews.models import Change
 from tests.agents.test_pages import make_run
 from tests.conftest import UserFactory

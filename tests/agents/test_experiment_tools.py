@@ -18,8 +18,8 @@ from agents.models import AgentRun
 from agents.policies.shared import boundary
 from agents.tools import REGISTRY, ToolContext, ToolResult, tool_call
 from infraops import gitops
+from infraops.experiments.services import experiment_execute, experiment_request
 from infraops.models import AcceptanceCriterion, Boundary, Experiment, Goal, Target
-from infraops.services.experiments import experiment_execute, experiment_request
 from infraops.services.goals import goal_snapshot
 from infraops.services.targets import target_register
 from tests.conftest import make_origin, members_of_new_target

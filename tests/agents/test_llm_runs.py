@@ -20,8 +20,8 @@ from agents.models import AgentRun, Hypothesis, RunMessage
 from agents.scripted.endpoint import OpenAIStub, completion, malformed, rate_limited
 from agents.services import hypothesis_add, run_message_add, run_start, run_step
 from infraops import gitops
+from infraops.experiments.services import experiment_execute
 from infraops.models import Boundary, Experiment, Goal, Target
-from infraops.services.experiments import experiment_execute
 from infraops.services.goals import goal_snapshot
 from reviews.models import Change
 from tests.agents.conftest import API_KEY, SECRET

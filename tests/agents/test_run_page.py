@@ -436,7 +436,7 @@ def test_a_step_row_shows_its_experiment_s_new_status(
 
 
 def finish(experiment: Experiment, status: str, **fields: Any) -> None:
-    """The experiment ends as the worker ends it (one update, infraops.services.experiments)."""
+    """The experiment ends as the worker ends it (one update, infraops.experiments.services)."""
     Experiment.objects.filter(pk=experiment.pk).update(
         status=status, **{"finished_at": timezone.now()} | fields)
 
@@ -514,7 +514,7 @@ def experiments_table(text: str) -> list[list[str]]:
 
 def comparison(candidate: float | None, baseline: float | None, *, probe: str = "latency-bench",
                metric: str = "latency_ms", variant: str = "") -> dict[str, Any]:
-    """A row of Experiment.summary["comparisons"] (infraops.samples.MetricComparison)."""
+    """A row of Experiment.summary["comparisons"] (infraops.feedback.samples.MetricComparison)."""
     return {"probe": probe, "variant": variant, "metric": metric, "case": "", "unit": "ms",
             "baseline_median": baseline, "candidate_median": candidate, "baseline_n": 5,
             "candidate_n": 5, "ratio": None}

@@ -19,10 +19,10 @@ from agents.policies.llm import _malformed
 from agents.tools import (
     MAX_RESULT_CHARS,
     REGISTRY,
-    TOOL_SPECS,
     ToolContext,
     ToolResult,
     tool_call,
+    tool_specs,
     workspace,
 )
 from infraops import gitops
@@ -123,19 +123,19 @@ def error_of(result: ToolResult) -> dict[str, Any]:
 
 
 def test_the_specs_describe_every_tool_in_the_chat_completions_format() -> None:
-    names = [spec["function"]["name"] for spec in TOOL_SPECS]
+    names = [spec["function"]["name"] for spec in tool_specs()]
 
     assert len(names) == len(set(names))
     assert {"list_files", "read_file", "search_code", "edit_file", "apply_diff",
             *CALLBACK_TOOLS} <= set(names)
-    for spec in TOOL_SPECS:
+    for spec in tool_specs():
         assert spec["type"] == "function"
         assert spec["function"]["description"]
         parameters = spec["function"]["parameters"]
         assert parameters["type"] == "object"
         assert parameters["additionalProperties"] is False
         assert set(parameters["required"]) <= set(parameters["properties"])
-    json.dumps(TOOL_SPECS)
+    json.dumps(tool_specs())
 
 
 # --------------------------------------------------------------------------- happy paths
@@ -330,7 +330,7 @@ def test_an_unknown_tool_lists_the_tools(ctx: ToolContext) -> None:
     payload = error_of(call(ctx, "rm_rf"))
 
     assert "unknown tool 'rm_rf'" in payload["error"]
-    assert payload["tools"] == [spec["function"]["name"] for spec in TOOL_SPECS]
+    assert payload["tools"] == [spec["function"]["name"] for spec in tool_specs()]
 
 
 # --------------------------------------------------------------------------- boundaries

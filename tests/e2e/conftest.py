@@ -47,7 +47,7 @@ def system_env(data_dir: Path) -> dict[str, str]:
     return os.environ | {
         "DATABASE_URL": url,
         "INFRAOPS_DATA": str(data_dir),
-        "DJANGO_SETTINGS_MODULE": "infraops.settings",
+        "DJANGO_SETTINGS_MODULE": "infraops.project.settings",
         "PYTHONUNBUFFERED": "1",
     }
 
@@ -67,11 +67,11 @@ def live_system(transactional_db: None, data_dir: Path, tmp_path: Path,
     logs = {name: (tmp_path / f"{name}.log").open("wb") for name in ("web", "worker")}
     processes = [
         subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "infraops", "worker", "-Q",
+            [sys.executable, "-m", "celery", "-A", "infraops.project", "worker", "-Q",
              "agent,experiments", "-c", "2", "--loglevel", "INFO", "-n", f"e2e-{port}@%h"],
             env=env, cwd=settings.BASE_DIR, stdout=logs["worker"], stderr=subprocess.STDOUT),
         subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "infraops.asgi:application", "--host",
+            [sys.executable, "-m", "uvicorn", "infraops.project.asgi:application", "--host",
              "127.0.0.1", "--port", str(port)],
             env=env, cwd=settings.BASE_DIR, stdout=logs["web"], stderr=subprocess.STDOUT),
     ]

@@ -19,8 +19,8 @@ from playwright.sync_api import Browser, Page, Route, expect
 from agents.events import run_event
 from agents.models import AgentRun, Hypothesis, Step
 from infraops.models import Experiment, Goal
-from infraops.skeletons import Skeleton, SkeletonEvidence, SkeletonUse
 from reviews.models import Change
+from skeletons.models import Skeleton, SkeletonEvidence, SkeletonUse
 from tests.e2e.test_thin_loop import sign_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]

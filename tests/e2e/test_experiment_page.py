@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Page, expect
 
-from infraops.services.experiments import experiment_request
+from infraops.experiments.services import experiment_request
 from infraops.services.targets import target_register
 from tests.conftest import case_source, make_origin, members_of_new_target
 from tests.e2e.test_thin_loop import sign_in

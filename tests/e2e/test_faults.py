@@ -101,7 +101,7 @@ class FaultySystem:
         self.worker_starts += 1
         log = (self.tmp / "worker.log").open("ab")
         self.worker = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "infraops", "worker", "-Q",
+            [sys.executable, "-m", "celery", "-A", "infraops.project", "worker", "-Q",
              "agent,experiments", "-c", "2", "--loglevel", "INFO", "-B", "-s",
              str(self.tmp / "celerybeat-schedule"), "-n", f"faults-{self.web_port}@%h"],
             env=self.env, cwd=settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT,
@@ -126,7 +126,7 @@ class FaultySystem:
     def start_web(self) -> None:
         log = (self.tmp / "web.log").open("ab")
         self.web = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "infraops.asgi:application", "--host",
+            [sys.executable, "-m", "uvicorn", "infraops.project.asgi:application", "--host",
              "127.0.0.1", "--port", str(self.web_port)],
             env=self.env, cwd=settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT)
         _wait_for(f"{self.base}/healthz", [self.web])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from infraops.sandbox import SandboxIdentity, sandbox_identity, sandbox_prepare_dir
+from infraops.experiments.sandbox import SandboxIdentity, sandbox_identity, sandbox_prepare_dir
 
 IS_ROOT = os.geteuid() == 0
 

@@ -1,4 +1,5 @@
-"""infraops/accelerators.py and the sandbox's side of it: a probe that requires a GPU gets the
+"""infraops/experiments/accelerators.py and the sandbox's side of it: a probe that requires a GPU
+gets the
 GPU's device nodes (and no other node of /dev) and no address-space limit, its memory bounded by
 the memory control group; every probe gets the operator's toolchains read-only, their bin/ first
 on PATH; a folder that would show the host's secrets or the service's files is refused in words.
@@ -18,8 +19,8 @@ import pytest
 from django.conf import settings
 from django.core.management.base import CommandError
 
-from infraops import accelerators, sandbox
 from infraops.errors import DomainError
+from infraops.experiments import accelerators, sandbox
 from infraops.management.commands.standalone import Command as Standalone
 from infraops.manifest import Probe
 from tests.infraops.conftest import Dirs

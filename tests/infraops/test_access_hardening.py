@@ -1,5 +1,5 @@
 """Access hardening, each through the real entry point: websockets through
-infraops.asgi.application (revoked sessions and roles, Origin with scheme and port, frame
+infraops.project.asgi.application (revoked sessions and roles, Origin with scheme and port, frame
 limits both ways), the sign-in throttle through the test client, the SECRET_KEY rule through
 `manage.py`, the audit log's TRUNCATE trigger in PostgreSQL, and the budget minimums through
 the admin's goal form."""
@@ -29,9 +29,9 @@ from django.test import Client
 from agents.events import run_event
 from agents.models import AgentRun
 from infraops import consumers as consumers_module
-from infraops import login as throttle
-from infraops.asgi import application, origin_allowed
 from infraops.models import AuditEntry, Boundary, Goal, Target
+from infraops.project import login as throttle
+from infraops.project.asgi import application, origin_allowed
 from infraops.services.audit import audit_record
 
 TIMEOUT = 15  # generous: a first socket of a session warms templates and connections

@@ -1,4 +1,5 @@
-"""The web process's HTTP handler (infraops.asgi.PooledASGIHandler), through the ASGI protocol:
+"""The web process's HTTP handler (infraops.project.asgi.PooledASGIHandler), through the ASGI
+protocol:
 what the event loop sends is what the pool thread made, streaming responses included."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ def http(path: str, method: str = "GET", body: bytes = b"") -> tuple[dict[str, A
                                                                       list[dict[str, Any]]]:
     """The response's start message, its whole body and every body message, as a server
     would receive them."""
-    from infraops.asgi import application
+    from infraops.project.asgi import application
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
              "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),

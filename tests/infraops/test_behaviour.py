@@ -1,4 +1,4 @@
-"""infraops.services.behaviour: never-overlapping span pairs and changed spans as findings,
+"""infraops.experiments.behaviour: never-overlapping span pairs and changed spans as findings,
 with the idle-time attribution and each side's overlap (issue 10, item 5)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from infraops.blobs import blob_put
+from infraops.experiments.behaviour import behaviour_findings, change_findings, overlap_findings
+from infraops.experiments.blobs import blob_put
 from infraops.manifest import Probe
 from infraops.models import Artifact, Experiment, ProbeExecution, Target
-from infraops.services.behaviour import behaviour_findings, change_findings, overlap_findings
 from tests.infraops.test_traces import GIL_HELD, GIL_RELEASED, MOONCAKE, complete, trace_of
 
 # The transfer starts only once main's dispatch or combine lets go of the GIL, and takes longer.
@@ -214,8 +214,8 @@ def test_behaviour_findings_read_each_sides_stored_trace(example_target: Target,
 def test_a_span_change_must_hold_across_the_repeats(baseline_totals: list[int],
                                                     candidate_totals: list[int],
                                                     kept: bool) -> None:
-    from infraops.feedback import Finding
-    from infraops.services.behaviour import _holds_across_repeats
+    from infraops.experiments.behaviour import _holds_across_repeats
+    from infraops.feedback.findings import Finding
 
     def traces_of(totals: list[int]) -> list[Any]:
         return [trace_of(complete("normalize", 0, total)) for total in totals]

@@ -1,4 +1,4 @@
-"""infraops/celery.py: what a worker process does around its tasks.
+"""infraops/project/celery.py: what a worker process does around its tasks.
 
 Database connections are kept from one task to the next while healthy (a new one per task cost
 4-5 ms of every experiment) and replaced when broken; a process that runs experiments checks its
@@ -13,8 +13,8 @@ import pytest
 from celery.fixups.django import DjangoWorkerFixup
 from django.db import connection
 
-from infraops import celery as worker_process
-from infraops import sandbox
+from infraops.experiments import sandbox
+from infraops.project import celery as worker_process
 from infraops.tasks import experiment_execute
 
 
@@ -36,7 +36,7 @@ def around_a_task(fixup: DjangoWorkerFixup) -> None:
 
 @pytest.fixture
 def as_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    """This process's connection set up as a worker's is (infraops.settings: CONN_MAX_AGE 60
+    """This process's connection set up as a worker's is (infraops.project.settings: CONN_MAX_AGE 60
     for `celery worker`, 0 for tests like this one), from a fresh connect."""
     monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
     connection.close()
@@ -81,7 +81,7 @@ def test_a_process_that_runs_experiments_says_at_start_when_it_cannot_confine_pr
     # What `celery worker -Q ...` selects before it forks its pool.
     monkeypatch.setattr(worker_process.app.amqp.queues, "_consume_from",
                         {name: object() for name in queues})
-    caplog.set_level(logging.ERROR, logger="infraops.celery")
+    caplog.set_level(logging.ERROR, logger="infraops.project.celery")
     worker_process._check_sandbox_early()
     assert calls == ([True] if checked else [])
     messages = [r.getMessage() for r in caplog.records]

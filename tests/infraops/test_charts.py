@@ -1,10 +1,10 @@
-"""infraops/charts.py: plain data in, a JSON-ready plotly figure out."""
+"""infraops/feedback/charts.py: plain data in, a JSON-ready plotly figure out."""
 
 from __future__ import annotations
 
 import json
 
-from infraops.charts import (
+from infraops.feedback.charts import (
     ab_distributions,
     error_vs_size,
     feedback_charts,

@@ -2,10 +2,10 @@
 
 The web process (uvicorn, ASGI) keeps no connection per request thread: CONN_MAX_AGE = 0, with
 a bounded psycopg pool (INFRAOPS_DB_POOL_SIZE, 10 unless told) or, with 0, a connection per
-request (infraops/settings.py). Before, with
+request (infraops/project/settings.py). Before, with
 CONN_MAX_AGE = 60, 5 x 10 concurrent requests left 31 connections open for over a minute.
 A database that refuses or drops connections gives the 503 page, never a 500, and the site
-recovers by itself (infraops.middleware.DatabaseUnavailableMiddleware)."""
+recovers by itself (infraops.project.middleware.DatabaseUnavailableMiddleware)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from django.test import Client
 from django.urls import path
 
 from infraops.models import Target
-from infraops.settings import DEFAULT_POOL_SIZE, process_kind
+from infraops.project.settings import DEFAULT_POOL_SIZE, process_kind
 from tests.conftest import UserFactory
 from tests.e2e.conftest import _wait_for, free_port, stop_processes, system_env
 
@@ -51,12 +51,13 @@ DB_DOWN_TEXT = "The database is not answering; retrying..."
 
 
 @pytest.mark.parametrize(("argv", "kind"), [
-    (["/x/.venv/lib/python3.11/site-packages/uvicorn/__main__.py", "infraops.asgi:application"],
-     "web"),
-    (["/x/.venv/bin/uvicorn", "infraops.asgi:application"], "web"),
+    (["/x/.venv/lib/python3.11/site-packages/uvicorn/__main__.py",
+      "infraops.project.asgi:application"], "web"),
+    (["/x/.venv/bin/uvicorn", "infraops.project.asgi:application"], "web"),
     (["/x/.venv/bin/gunicorn", "-k", "uvicorn.workers.UvicornWorker"], "web"),
-    (["/x/site-packages/celery/__main__.py", "-A", "infraops", "worker", "-Q", "agent"], "worker"),
-    (["/x/.venv/bin/celery", "-A", "infraops", "beat"], "other"),
+    (["/x/site-packages/celery/__main__.py", "-A", "infraops.project", "worker", "-Q", "agent"],
+     "worker"),
+    (["/x/.venv/bin/celery", "-A", "infraops.project", "beat"], "other"),
     (["manage.py", "migrate"], "other"),
     (["/x/.venv/bin/pytest", "-q"], "other"),
     ([], "other"),
@@ -248,8 +249,8 @@ def web(transactional_db: None, data_dir: Path, tmp_path: Path, proxy: Proxy,
     log_path = tmp_path / "web.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "infraops.asgi:application", "--host", "127.0.0.1",
-             "--port", str(port), "--no-access-log"],
+            [sys.executable, "-m", "uvicorn", "infraops.project.asgi:application",
+             "--host", "127.0.0.1", "--port", str(port), "--no-access-log"],
             env=env, cwd=settings.BASE_DIR, stdout=log, stderr=subprocess.STDOUT)
         try:
             _wait_for(f"http://127.0.0.1:{port}/healthz", [process])

@@ -1,4 +1,5 @@
-"""infraops.correctness: per-case output comparisons, output files, error-versus-size series."""
+"""infraops.feedback.correctness: per-case output comparisons, output files, error-versus-size
+series."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from infraops.correctness import (
+from infraops.feedback.correctness import (
     CaseComparison,
     compare_arrays,
     compare_json,

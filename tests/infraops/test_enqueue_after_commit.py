@@ -19,8 +19,8 @@ from celery.signals import before_task_publish
 from django.conf import settings
 from django.db import connections, transaction
 
+from infraops.experiments.services import experiment_request
 from infraops.models import Experiment, Target
-from infraops.services.experiments import experiment_request
 from tests.infraops.test_experiments import candidate_commit
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -14,9 +14,9 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.test import Client
 
-from infraops.asgi import application
+from infraops.experiments.services import experiment_claim
 from infraops.models import Experiment, ExperimentLog, Target
-from infraops.services.experiments import experiment_claim
+from infraops.project.asgi import application
 from infraops.signals import experiment_finished
 
 TIMEOUT = 15  # generous: a first socket of a session warms templates and connections

@@ -1,4 +1,4 @@
-"""infraops/services/experiments.py run in-process (no Celery worker): request, claim with a
+"""infraops/experiments/services.py run in-process (no Celery worker): request, claim with a
 lease, sandboxed probes with ABBA-interleaved sides, stored samples, reaping and poison experiments;
 and the target page for a target whose manifest is broken."""
 
@@ -21,18 +21,19 @@ from django.test import Client
 from django.utils import timezone
 
 from agents.models import AgentRun
-from infraops import gitops, sandbox
-from infraops.models import Experiment, Goal, ProbeExecution, Sample, Target
-from infraops.samples import compare_samples, per_execution_rows
-from infraops.services import experiments as experiments_service
-from infraops.services.experiments import (
+from infraops import gitops
+from infraops.experiments import sandbox
+from infraops.experiments import services as experiments_service
+from infraops.experiments.analysis import attempt_executions, attempt_samples
+from infraops.experiments.results import read_metrics
+from infraops.experiments.services import (
     experiment_claim,
     experiment_execute,
     experiment_request,
     experiments_reap,
 )
-from infraops.services.feedback import attempt_executions, attempt_samples
-from infraops.services.results import read_metrics
+from infraops.feedback.samples import compare_samples, per_execution_rows
+from infraops.models import Experiment, Goal, ProbeExecution, Sample, Target
 from infraops.services.targets import target_register
 from tests.conftest import make_origin, members_of_new_target
 
@@ -588,7 +589,7 @@ def test_a_crashed_probe_reaches_the_agent_with_its_status_reason_and_stderr_tai
 
 
 def test_the_stderr_tail_is_bounded() -> None:
-    from infraops.services.feedback import stderr_tail
+    from infraops.experiments.analysis import stderr_tail
 
     long = "\n".join(f"line {i} " + "x" * 200 for i in range(500))
     tail = stderr_tail(long)
@@ -604,7 +605,7 @@ def test_the_stderr_tail_is_bounded() -> None:
 def test_the_equivalence_margin_is_the_goals_smallest_meaningful_effect(
     spec: dict[str, object] | None, margin: float,
 ) -> None:
-    from infraops.services.experiments import margin_of
+    from infraops.experiments.services import margin_of
 
     assert margin_of(spec) == margin
 
@@ -628,13 +629,13 @@ def test_an_experiment_keeps_the_margin_it_was_asked_with(
 ])
 def test_the_goals_margin_is_for_the_goals_metric_only(metric: str, probe: str, name: str,
                                                        margin: float) -> None:
-    from infraops.services.feedback import _Margin
+    from infraops.experiments.analysis import _Margin
 
     assert _Margin(0.2, metric).of(probe, name) == margin
 
 
 def test_a_goal_version_names_the_metric_its_margin_is_for() -> None:
-    from infraops.services.experiments import margin_metric_of
+    from infraops.experiments.services import margin_metric_of
 
     assert margin_metric_of({"probe": "decode", "metric": "decode_us"}) == "decode.decode_us"
     assert margin_metric_of(None) == ""
@@ -642,7 +643,7 @@ def test_a_goal_version_names_the_metric_its_margin_is_for() -> None:
 
 
 def margin_of_clamped() -> list[float]:
-    from infraops.services.experiments import margin_of
+    from infraops.experiments.services import margin_of
 
     return [margin_of({"min_effect": 1.5}), margin_of({"min_effect": 0}),
             margin_of({"min_effect": 0.5})]

@@ -1,4 +1,5 @@
-"""infraops/feedback.py and the interval criteria of infraops/criteria.py: ordering, the
+"""infraops/feedback/findings.py and the interval criteria of infraops/feedback/criteria.py:
+ordering, the
 bound on the agent's text, and criteria that pass only with confidence."""
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from infraops import feedback
-from infraops.criteria import evaluate_criterion_ci
-from infraops.feedback import Finding
+from infraops.feedback import findings as feedback
+from infraops.feedback.criteria import evaluate_criterion_ci
+from infraops.feedback.findings import Finding
 
 
 def finding(severity: str, specificity: int, title: str = "t", detail: str = "d") -> Finding:
@@ -112,7 +113,7 @@ def test_a_criterion_is_called_by_its_name_and_its_condition_kept() -> None:
 def test_every_performance_verdict_explains_itself(baseline: list[float],
                                                    candidate: list[float], verdict: str,
                                                    words: str) -> None:
-    from infraops.stats import compare
+    from infraops.feedback.stats import compare
 
     [f] = feedback.performance_findings("bench", "", "instructions", "", "",
                                         compare(baseline, candidate), {})
@@ -131,7 +132,7 @@ def test_every_performance_verdict_explains_itself(baseline: list[float],
 ])
 def test_a_speed_up_beyond_the_bound_fails_as_implausible(ratio: float, direction: str,
                                                           implausible: bool) -> None:
-    from infraops.stats import compare
+    from infraops.feedback.stats import compare
 
     result = compare([10.0, 10.1, 9.9, 10.0, 10.05], [10.0 * ratio] * 5, direction=direction)
     found = feedback.performance_findings("bench", "", "ms", "", "", result, {}, plausible=5.0)

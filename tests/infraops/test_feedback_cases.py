@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from infraops import gitops
-from infraops.criteria import evaluate_criterion_ci
+from infraops.experiments.services import experiment_execute, experiment_request
+from infraops.feedback.criteria import evaluate_criterion_ci
 from infraops.models import Experiment, Sample, Target
-from infraops.services.experiments import experiment_execute, experiment_request
 from infraops.services.targets import target_register
 from tests.conftest import case_source, make_origin, members_of_new_target
 

@@ -2,7 +2,7 @@
 generated inputs for each (334 signed in as each of engineer, reviewer and viewer; set
 INFRAOPS_FUZZ_EXAMPLES for more or fewer), and no answer in the 500s.
 
-The surfaces (infraops/urls.py, agents/urls.py, reviews/urls.py, the admin's forms):
+The surfaces (infraops/project/urls.py, agents/urls.py, reviews/urls.py, the admin's forms):
 GET  /runs/<pk>/ after, steps_after (page and htmx partial); /reviews/ scope, status, class,
      target, goal, age, q, after (page and table partial); /reviews/changes/<pk>/ comment;
      /, /targets/<name>/, /experiments/<pk>/ with arbitrary parameters; /accounts/login/ next;

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from infraops import accelerators, sandbox
+from infraops.experiments import accelerators, sandbox
+from infraops.experiments import services as experiments
+from infraops.experiments.services import experiment_execute, experiment_request
 from infraops.models import Experiment, Target
-from infraops.services import experiments
-from infraops.services.experiments import experiment_execute, experiment_request
 from infraops.services.targets import target_register
 from tests.conftest import DEMO, make_origin, members_of_new_target
 from tests.infraops.test_feedback_cases import commit_edit, findings
@@ -66,7 +66,7 @@ def demo(tmp_path: Path) -> Target:
 
 def replayed(target: Target, candidate: str, probe: str, monkeypatch: Any) -> Experiment:
     monkeypatch.setattr(experiments.sandbox, "sandbox_run", replay)
-    # The H200's device nodes, as infraops.accelerators finds them there.
+    # The H200's device nodes, as infraops.experiments.accelerators finds them there.
     monkeypatch.setattr(accelerators, "gpu_devices", lambda patterns=None: H200_NODES)
     experiment = Experiment.objects.create(  # not experiment_request: no GPU worker to send to
         target=target, candidate_commit=candidate, baseline_commit=target.manifest_commit,
@@ -161,7 +161,7 @@ def test_a_gpu_probe_on_a_worker_without_a_gpu_fails_saying_where_it_can_run(
         "probe gpu-cp-error could not run: Probe 'gpu-cp-error' requires a GPU, and this "
         "worker's host has no GPU device node matching INFRAOPS_SANDBOX_GPU_DEVICES"), (
         result.failure_reason)
-    assert "celery -A infraops worker -Q experiments.gpu" in result.failure_reason
+    assert "celery -A infraops.project worker -Q experiments.gpu" in result.failure_reason
     assert not result.executions.exists()  # nothing ran without its GPU
 
 

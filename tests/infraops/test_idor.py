@@ -25,8 +25,8 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from agents.models import AgentRun
 from agents.routing import websocket_urlpatterns as agent_sockets
-from infraops.asgi import application
 from infraops.models import Boundary, Experiment, Goal, GoalVersion, Target
+from infraops.project.asgi import application
 from infraops.routing import websocket_urlpatterns as core_sockets
 from infraops.services.goals import goal_snapshot
 from reviews.models import Change
@@ -49,10 +49,10 @@ ADMIN_KINDS: dict[str, type[models.Model]] = {
 # Admin pages of rows that belong to no target: people, groups, reviewers' classes, the audit
 # log (model permissions decide those, the same for every id), the skeleton library.
 NOT_TARGET_ROWS = {"auth.user", "auth.group", "reviews.reviewerprofile", "infraops.auditentry",
-                   "infraops.skeleton"}
+                   "skeletons.skeleton"}
 # Site pages of rows that belong to no target: the skeleton library, by slug. What they show
-# of targets' objects is scoped (tests/infraops/test_skeletons.py).
-NOT_TARGET_PAGES = {"infraops:skeleton", "infraops:skeleton_promote"}
+# of targets' objects is scoped (tests/skeletons/test_skeletons.py).
+NOT_TARGET_PAGES = {"skeletons:detail", "skeletons:promote"}
 SOCKET_KINDS: dict[str, type[models.Model]] = {"ws/runs/": AgentRun,
                                                "ws/experiments/": Experiment}
 

@@ -11,8 +11,8 @@ import statistics
 import pytest
 
 from bench import instruction_experiments as ie
+from infraops.feedback.stats import NO_CHANGE, REGRESSED
 from infraops.models import Sample
-from infraops.stats import NO_CHANGE, REGRESSED
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")

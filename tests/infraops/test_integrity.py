@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from infraops import gitops
+from infraops.experiments import services as experiments_service
+from infraops.experiments.services import experiment_execute, experiment_request
 from infraops.models import Experiment, Target
-from infraops.services import experiments as experiments_service
-from infraops.services.experiments import experiment_execute, experiment_request
 from infraops.services.targets import target_register
 from tests.conftest import make_origin, members_of_new_target
 

@@ -17,6 +17,8 @@ from agents.models import AgentRun
 from infraops import manifest as m
 from infraops import tasks
 from infraops.errors import DomainError
+from infraops.experiments import services as experiments_service
+from infraops.experiments.services import experiment_request, queue_for
 from infraops.manifest import ManifestError, ManifestProblem, parse_manifest
 from infraops.models import (
     AcceptanceCriterion,
@@ -27,8 +29,6 @@ from infraops.models import (
     Target,
     variant_key,
 )
-from infraops.services import experiments as experiments_service
-from infraops.services.experiments import experiment_request, queue_for
 from infraops.services.targets import target_register
 from tests.conftest import make_origin
 
@@ -266,7 +266,7 @@ def test_a_variant_the_column_refuses_fails_the_experiment_with_the_database_err
     assert result.status == Experiment.Status.FAILED
     assert result.failure_reason.startswith("unexpected error DataError: ")
     assert "character varying(200)" in result.failure_reason
-    assert "(at infraops/services/experiments.py:" in result.failure_reason
+    assert "(at infraops/experiments/services.py:" in result.failure_reason
     assert "in _record)" in result.failure_reason
     assert not ProbeExecution.objects.filter(experiment=experiment).exists()
 

@@ -1,4 +1,4 @@
-"""infraops/orphans.py: a worker's main process kills what its dead pool processes leave
+"""infraops/experiments/orphans.py: a worker's main process kills what its dead pool processes leave
 behind, and nothing else.
 
 The scenario runs in a child Python process, because a subreaper adopts every orphan of its
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCENARIO = r"""
 import json, os, subprocess, sys, time
-from infraops.orphans import OrphanReaper, become_subreaper
+from infraops.experiments.orphans import OrphanReaper, become_subreaper
 
 assert become_subreaper()
 listed = subprocess.Popen(["sleep", "600"])  # stands for a pool process with its own title

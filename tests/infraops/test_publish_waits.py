@@ -1,5 +1,5 @@
 """A worker's pool process that queues follow-up work during a broker outage waits for the
-broker, even when it has never opened a connection (infraops.celery: the connection's own
+broker, even when it has never opened a connection (infraops.project.celery: the connection's own
 retries, not only the publish retry policy)."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from tests.e2e.conftest import free_port
 
 CHILD = textwrap.dedent("""
     import os, sys, time
-    os.environ["DJANGO_SETTINGS_MODULE"] = "infraops.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "infraops.project.settings"
     import django
     django.setup()
-    from infraops import celery as worker_process
-    from infraops.celery import app
+    from infraops.project import celery as worker_process
+    from infraops.project.celery import app
     worker_process._wait_for_the_broker_when_queueing()  # as worker_process_init does
     started = time.monotonic()
     with app.producer_or_acquire() as producer:

@@ -17,9 +17,9 @@ from django.utils import timezone
 from agents.models import AgentRun, Hypothesis, RunMessage
 from infraops.access import scoped, target_roles, visible_target_ids
 from infraops.models import Goal, Target, TargetMembership
+from infraops.project.sessions import SessionStore
 from infraops.reads import JoinedRead, give_related
 from infraops.services.targets import target_register
-from infraops.sessions import SessionStore
 from reviews.backends import PROFILE_COLUMNS, USER_COLUMNS, OneQueryUserBackend
 from reviews.live import awaiting_for_classes, count_awaiting
 from reviews.models import RISK_CLASSES, Change, ReviewerProfile

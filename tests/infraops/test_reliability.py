@@ -30,13 +30,13 @@ from django.db.models import Count
 from django.utils import timezone
 
 from infraops import gitops, tasks
-from infraops.accelerators import host_has_gpu
-from infraops.celery import app as celery_app
+from infraops.experiments import services as experiment_service
+from infraops.experiments.accelerators import host_has_gpu
+from infraops.experiments.services import experiment_request, experiments_reap
+from infraops.experiments.workers import missing_worker_message
 from infraops.models import Experiment, ProbeExecution, Sample, Target
-from infraops.services import experiments as experiment_service
-from infraops.services.experiments import experiment_request, experiments_reap
+from infraops.project.celery import app as celery_app
 from infraops.services.targets import target_register
-from infraops.workers import missing_worker_message
 from tests.conftest import make_origin
 from tests.infraops.workers_harness import (
     TimedOut,
@@ -272,7 +272,8 @@ def test_sigkill_of_a_pool_child_during_each_of_20_experiments_loses_none_and_du
                            if k.experiment in mid_probe)
     probes_killed = set().union(*(k.descendants for k in kills.values()))
     # Probe supervisors die with their parent (pdeathsig); what escapes that, such as a
-    # sandbox started after the tree was listed, is killed by the worker (infraops.orphans).
+    # sandbox started after the tree was listed, is killed by the worker
+    # (infraops.experiments.orphans).
     # Every experiment is finished: nothing may still run in the test's data folder.
     settle = time.monotonic() + 20
     while (alive(probes_killed) or running_in(data_dir)) and time.monotonic() < settle:

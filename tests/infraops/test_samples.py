@@ -1,11 +1,11 @@
-"""infraops.samples: one value per execution, and the medians per (probe, variant, metric,
+"""infraops.feedback.samples: one value per execution, and the medians per (probe, variant, metric,
 case) that the experiment page shows."""
 
 from __future__ import annotations
 
 import pytest
 
-from infraops.samples import SampleRow, compare_samples, per_execution, per_execution_rows
+from infraops.feedback.samples import SampleRow, compare_samples, per_execution, per_execution_rows
 
 
 def rows(probe: str, side: str, values: list[float], *, metric: str = "latency_ms",

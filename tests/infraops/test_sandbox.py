@@ -1,4 +1,4 @@
-"""Containment tests for infraops.sandbox: every test starts real bubblewrap sandboxes.
+"""Containment tests for infraops.experiments.sandbox: every test starts real bubblewrap sandboxes.
 
 Run without Django: python -m pytest -p no:django -p no:cacheprovider tests/infraops/test_sandbox.py
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infraops import sandbox
-from infraops.sandbox import (
+from infraops.experiments import sandbox
+from infraops.experiments.sandbox import (
     SandboxIdentity,
     SandboxLimits,
     SandboxResult,
@@ -161,7 +161,8 @@ def assert_nothing_left(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The module kills and logs leftovers itself; a clean run must not have needed that.
-    assert [r.getMessage() for r in caplog.records if r.name == "infraops.sandbox"] == []
+    assert [r.getMessage() for r in caplog.records
+            if r.name == "infraops.experiments.sandbox"] == []
     assert watch.seen, "the run's processes were never seen"
     assert watch.members() == []
     assert watch.survivors() == []
@@ -631,7 +632,7 @@ def test_background_processes_do_not_outlive_a_finished_run(
 SERVICE = """
 import os, sys
 from pathlib import Path
-from infraops import sandbox
+from infraops.experiments import sandbox
 if sys.argv[1] == "python-supervisor":
     sandbox.SUPERVISOR_BINARY = Path("/nonexistent/supervisor")
 work, out = Path(sys.argv[2]), Path(sys.argv[3])

@@ -1,4 +1,5 @@
-"""Per-sandbox limits (infraops.sandbox): one run cannot spend another's processes, memory or
+"""Per-sandbox limits (infraops.experiments.sandbox): one run cannot spend another's processes,
+memory or
 disk; every limit hit is named in the order it happened; a cut output says where; a failed
 sandbox check is retried. Every containment test starts real bubblewrap sandboxes.
 
@@ -22,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from infraops import sandbox
-from infraops.sandbox import (
+from infraops.experiments import sandbox
+from infraops.experiments.sandbox import (
     SandboxIdentity,
     SandboxLimits,
     SandboxMaxima,
@@ -98,7 +99,7 @@ BOMB_SERVICE = """
 import json, sys
 from pathlib import Path
 from typing import Any
-from infraops import sandbox
+from infraops.experiments import sandbox
 work, out, wall = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
 result = sandbox.sandbox_run(sandbox.SandboxSpec(
     command="/usr/bin/python3 bomb.py", workdir=work, out_dir=out, env={},
@@ -171,11 +172,11 @@ def test_a_fork_bomb_in_one_run_does_not_fail_a_concurrent_run(dirs: Dirs) -> No
 
 # The same fork bomb on a host without control groups, where RLIMIT_NPROC (counted per uid) is
 # the only process limit: each side leases its identity from the pool given on the command line
-# (infraops.sandbox.sandbox_identity_lease), as each experiment does.
+# (infraops.experiments.sandbox.sandbox_identity_lease), as each experiment does.
 POOLED_BOMB_SERVICE = """
 import json, sys
 from pathlib import Path
-from infraops import sandbox
+from infraops.experiments import sandbox
 sandbox._CGROUP_CONTROLLERS = ()  # a host with no usable control group
 work, out, wall, uids = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 first, _, last = uids.partition("-")
@@ -470,8 +471,8 @@ def test_limits_of_concurrent_runs_in_threads_are_separate(dirs: Dirs) -> None:
 def test_a_probes_sandbox_limits_come_from_its_manifest_keys_within_the_maxima(
         settings: Any) -> None:
     from infraops.errors import DomainError
+    from infraops.experiments.services import probe_sandbox_limits
     from infraops.manifest import parse_manifest
-    from infraops.services.experiments import probe_sandbox_limits
 
     manifest = parse_manifest('[[probe]]\nname = "p"\nlayer = "correctness"\n'
                               'command = "true"\nprocesses = 32\nmemory_mb = 512\n'

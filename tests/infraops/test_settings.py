@@ -1,4 +1,5 @@
-"""infraops/settings.py: malformed environment values stop start-up with one sentence, and the
+"""infraops/project/settings.py: malformed environment values stop start-up with one sentence, and
+the
 Celery and channel-layer settings follow the reliability rules of docs/product.md."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from celery.app.defaults import _OLD_SETTING_KEYS, SETTING_KEYS
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from infraops.celery import app as celery_app
+from infraops.project.celery import app as celery_app
 from tests.infraops.workers_harness import started_workers, wait_until
 
 PREFIX = "InfraOps configuration error:"
@@ -83,7 +84,7 @@ def test_celery_follows_the_reliability_rules() -> None:
 
 
 def test_the_time_limit_variable_drives_every_celery_limit() -> None:
-    code = ("import json; from infraops.celery import app; c = app.conf; print(json.dumps("
+    code = ("import json; from infraops.project.celery import app; c = app.conf; print(json.dumps("
             "[c.task_time_limit, c.task_soft_time_limit, "
             "c.broker_transport_options['visibility_timeout']]))")
     result = manage("shell", "-c", code, INFRAOPS_TASK_TIME_LIMIT="100")
@@ -168,7 +169,7 @@ def test_no_allowed_host_is_a_wildcard() -> None:
     ("unix:///run/redis.sock", "infraops.db0"),
 ])
 def test_the_channel_layer_prefix_is_one_per_redis_database(url: str, prefix: str) -> None:
-    from infraops.settings import _channel_prefix
+    from infraops.project.settings import _channel_prefix
 
     assert _channel_prefix(url) == prefix
 
@@ -179,7 +180,7 @@ def test_live_updates_do_not_cross_between_redis_databases_of_one_server() -> No
     from asgiref.sync import async_to_sync
     from channels_redis.pubsub import RedisPubSubChannelLayer
 
-    from infraops.settings import _channel_prefix
+    from infraops.project.settings import _channel_prefix
 
     base = settings.REDIS_URL.rsplit("/", 1)[0]
     mine, theirs = (RedisPubSubChannelLayer(hosts=[{"address": f"{base}/{n}"}],

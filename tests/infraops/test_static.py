@@ -17,7 +17,7 @@ from django.templatetags.static import static
 from django.test import RequestFactory
 from whitenoise.middleware import WhiteNoiseMiddleware
 
-from infraops.staticfiles import HashedStaticFiles
+from infraops.project.staticfiles import HashedStaticFiles
 
 BUNDLE = Path(settings.BASE_DIR) / "static" / "vendor" / "plotly" / "plotly-cartesian.min.js"
 

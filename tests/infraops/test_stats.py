@@ -1,4 +1,5 @@
-"""infraops.stats on synthetic samples of known effect, and the instruction-count parsers."""
+"""infraops.feedback.stats on synthetic samples of known effect, and the instruction-count
+parsers."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infraops import stats
-from infraops.stats import compare, parse_callgrind_total, parse_perf_stat_instructions
+from infraops.feedback import stats
+from infraops.feedback.stats import compare, parse_callgrind_total, parse_perf_stat_instructions
 
 TRIALS = 200
 

@@ -1,4 +1,4 @@
-"""infraops.traces: Chrome traces into span statistics, overlap, blocking, idle gaps, idle
+"""infraops.feedback.traces: Chrome traces into span statistics, overlap, blocking, idle gaps, idle
 attribution and diffs."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infraops.traces import (
+from infraops.feedback.traces import (
     MAX_PROBLEMS,
     Span,
     Trace,

@@ -1,4 +1,4 @@
-"""Variant subsets and cancellation of experiments (infraops/services/experiments.py), run
+"""Variant subsets and cancellation of experiments (infraops/experiments/services.py), run
 in-process through the sandbox: an experiment asked for some variant cells of a probe runs only
 those; the compare rules and criteria that need a cell it did not run say "not run in this
 experiment" instead of failing; a queued experiment can be cancelled and its task then finds
@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 
 from infraops import gitops, tasks
-from infraops.criteria import criterion_cells
 from infraops.errors import DomainError
-from infraops.models import Experiment, Target, parse_variant, variant_key
-from infraops.services.experiments import (
+from infraops.experiments.services import (
     experiment_cancel,
     experiment_claim,
     experiment_execute,
     experiment_request,
     experiments_reap,
 )
+from infraops.feedback.criteria import criterion_cells
+from infraops.models import Experiment, Target, parse_variant, variant_key
 from infraops.services.targets import target_register
 from infraops.signals import experiment_finished
 from reviews.services.facts import evidence_facts

@@ -1,4 +1,5 @@
-"""infraops/workers.py: worker heartbeats in Redis, and the sentence shown when none beats.
+"""infraops/experiments/workers.py: worker heartbeats in Redis, and the sentence shown when none
+beats.
 
 Each test uses its own queue names so that real workers on the same Redis never interfere."""
 
@@ -9,7 +10,7 @@ import uuid
 
 import pytest
 
-from infraops import workers
+from infraops.experiments import workers
 
 
 @pytest.fixture

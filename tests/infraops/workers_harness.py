@@ -23,14 +23,14 @@ import psutil
 import redis
 from django.conf import settings
 
-from infraops.workers import PREFIX
+from infraops.experiments.workers import PREFIX
 from tests.e2e.conftest import system_env
 
 # Kombu sweeps its unacked messages back to the queue with these options; the worker's own
 # visibility timeout is replaced only in the wrapper below, never through product settings.
 _WRAPPED_WORKER = """
 import sys
-from infraops.celery import app
+from infraops.project.celery import app
 app.conf.broker_transport_options = {
     "visibility_timeout": float(sys.argv[1]),
     "unacked_restore_interval": 1,
@@ -118,7 +118,7 @@ class Worker:
         return self.log_path.read_text(errors="replace")
 
     def is_ready(self) -> bool:
-        """True once the worker announced every queue it consumes (infraops.workers)."""
+        """True once the worker announced every queue it consumes (infraops.experiments.workers)."""
         if self.process.poll() is not None:
             raise RuntimeError(f"worker {self.name} exited:\n{self.log_text()[-3000:]}")
         client = redis.Redis.from_url(settings.REDIS_URL)
@@ -139,7 +139,7 @@ class Workers:
         args = ["-Q", ",".join(queues), "-c", str(concurrency), "-n", name,
                 "--loglevel", "INFO"]
         if visibility_timeout is None:
-            argv = [sys.executable, "-m", "celery", "-A", "infraops", "worker", *args]
+            argv = [sys.executable, "-m", "celery", "-A", "infraops.project", "worker", *args]
         else:
             argv = [sys.executable, "-c", _WRAPPED_WORKER, str(visibility_timeout), *args]
         env = system_env(self.data_dir) | {"REDIS_URL": self.redis_url} | (env or {})

@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from infraops import gitops
-from infraops.criteria import CRITERION_KEYS
+from infraops.feedback.criteria import CRITERION_KEYS
 from infraops.models import Boundary, Experiment, Goal, GoalVersion, Target
 from infraops.services.goals import goal_snapshot
 from reviews.models import Change
@@ -71,7 +71,7 @@ def config_change(example_target: Target, engineer: User, commit_on: CommitOn) -
 def criterion_finding(spec: dict[str, Any], *, passed: bool = True,
                       detail: str = "candidate vs baseline -8.00% (95% CI -10.0% to -6.0%)"
                       ) -> dict[str, Any]:
-    """A criteria finding as infraops.services.feedback records it."""
+    """A criteria finding as infraops.experiments.analysis records it."""
     measured = {k: spec.get(k) for k in CRITERION_KEYS}
     return {"layer": "criteria", "kind": "criterion", "severity": "pass" if passed else "fail",
             "title": spec["description"], "detail": detail, "specificity": 20,

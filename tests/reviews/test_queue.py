@@ -19,8 +19,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from infraops.asgi import application
 from infraops.models import Goal, Target
+from infraops.project.asgi import application
 from reviews.live import queue_changed
 from reviews.models import Change, ReviewerProfile
 from reviews.views import queue as queue_view

@@ -14,11 +14,11 @@ from django.core.management.base import BaseCommand, CommandError
 
 from agents.models import AgentRun
 from agents.services import run_start
-from infraops.accelerators import GPU
 from infraops.errors import DomainError
+from infraops.experiments.accelerators import GPU
+from infraops.experiments.services import queue_for
+from infraops.experiments.workers import live_queues
 from infraops.models import Goal
-from infraops.services.experiments import queue_for
-from infraops.workers import live_queues
 
 
 class Command(BaseCommand):

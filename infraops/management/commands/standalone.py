@@ -28,9 +28,9 @@ import psutil
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from infraops.accelerators import gpu_devices, host_has_gpu
 from infraops.consumers import MAX_CLIENT_FRAME
 from infraops.embedded import postgres_url
+from infraops.experiments.accelerators import gpu_devices, host_has_gpu
 
 
 def port_free(host: str, port: int) -> bool:
@@ -107,7 +107,7 @@ class Command(BaseCommand):
             self._manage(env, "prepare", *(["--no-example"] if options["no_example"] else []),
                          *(["--no-showcase"] if options["no_showcase"] else []))
             web = self._start(env, [
-                sys.executable, "-m", "uvicorn", "infraops.asgi:application",
+                sys.executable, "-m", "uvicorn", "infraops.project.asgi:application",
                 "--host", host, "--port", str(port), "--no-access-log",
                 # Nothing of ours runs at the app's startup or shutdown.
                 "--lifespan", "off",
@@ -119,15 +119,15 @@ class Command(BaseCommand):
             self._wait_for_page(web, host, port)
             self.stdout.write(self.style.SUCCESS(
                 f"InfraOps is running at http://{host}:{port}/  (Ctrl-C stops everything)"))
-            self._start(env, [sys.executable, "-m", "celery", "-A", "infraops", "worker",
+            self._start(env, [sys.executable, "-m", "celery", "-A", "infraops.project", "worker",
                               "-Q", "agent,experiments", "-c", str(options["concurrency"]),
                               "-B", "-s", str(data / "celerybeat-schedule"),
                               "--loglevel", "INFO", "-n", f"standalone@{socket.gethostname()}"])
             if gpu:
                 # One experiment at a time: measurements on one GPU must not share it.
-                self._start(env, [sys.executable, "-m", "celery", "-A", "infraops", "worker",
-                                  "-Q", "experiments.gpu", "-c", "1", "--loglevel", "INFO",
-                                  "-n", f"gpu@{socket.gethostname()}"])
+                self._start(env, [sys.executable, "-m", "celery", "-A", "infraops.project",
+                                  "worker", "-Q", "experiments.gpu", "-c", "1",
+                                  "--loglevel", "INFO", "-n", f"gpu@{socket.gethostname()}"])
             self._wait()
         except KeyboardInterrupt:
             pass

@@ -1,0 +1,44 @@
+"""What the agents app draws on the core's pages (infraops.panels): a goal's run controls and
+the target's runs on the target page; the runs and changes of an experiment on its page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.template import Context
+
+from agents.models import AgentRun
+from infraops.models import Experiment, Goal, Target
+from infraops.panels import panel_register
+from infraops.roles import ENGINEER
+from reviews.models import Change
+
+
+def goal_controls(page: Context, goal: Goal) -> dict[str, Any] | None:
+    """Start a run, saying so when one is already active on the goal (engineers only)."""
+    if ENGINEER not in (page.get("target_roles") or ()):
+        return None
+    active = (AgentRun.objects.filter(goal_version__goal=goal,
+                                      status__in=AgentRun.active_statuses())
+              .order_by("-created_at").first())
+    return {"goal": goal, "active": active}
+
+
+def target_runs(page: Context, target: Target) -> dict[str, Any]:
+    return {"runs": AgentRun.objects.filter(target=target)
+            .select_related("goal_version__goal__target", "started_by")[:20]}
+
+
+def experiment_links(page: Context, experiment: Experiment) -> dict[str, Any]:
+    """The runs that asked for the experiment and the changes it is the evidence of."""
+    return {"runs": list(AgentRun.objects.filter(experiments=experiment)
+                         .order_by("pk").values_list("pk", flat=True)[:20]),
+            "changes": list(Change.objects.filter(experiment=experiment)
+                            .order_by("pk").values_list("pk", "title")[:20])}
+
+
+def panels_register() -> None:
+    panel_register("target-goal", template="agents/goal_controls.html", context=goal_controls)
+    panel_register("target", template="agents/target_runs.html", context=target_runs)
+    panel_register("experiment", template="agents/experiment_links.html",
+                   context=experiment_links)

@@ -1,0 +1,247 @@
+"""The behaviour layer of an experiment's feedback: its traces, span by span and thread by
+thread (infraops/feedback/traces.py), as findings (infraops/feedback/findings.py).
+
+`behaviour_findings` reads each side's stored trace.json; `overlap_findings` and
+`change_findings` are the pure part, on parsed traces:
+
+- a pair of substantial spans on different threads that never overlap, with the same pair's
+  overlap on the other side's trace ("overlap 0.0% on the baseline, 61% on the candidate"),
+  how long the smaller span's thread sat idle while the other span ran, and which spans on
+  other threads ran during that idle time, by name and share (`traces.idle_attribution`);
+- a span that grew or is new against the baseline's trace, with the attribution of its idle
+  time on the candidate's trace and its overlap, per side, with the span that ran most then.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+from infraops.experiments.blobs import blob_path
+from infraops.feedback import findings as feedback
+from infraops.feedback import traces
+from infraops.feedback.findings import Finding
+from infraops.manifest import Probe
+from infraops.models import ProbeExecution, variant_key
+
+TRACE_MAX_BYTES = 64 << 20
+TOP_SPANS = 8
+MIN_SHARE = 0.01  # spans shorter than this share of the trace are not paired for overlap
+TOP_CHANGES = 5
+PAIR_SHARE = 0.10  # a span that ran this share of a grown span's idle time is paired with it
+SIDES = ("baseline", "candidate")
+MIN_CHANGE = 0.10  # a span whose total changed less than this is not reported
+MAX_REPEAT_TRACES = 6  # traces a side read to confirm a span change
+MAX_TIMELINES = 4  # per-thread timelines an experiment's feedback keeps for its page
+
+Runs = dict[tuple[str, str, str, int], ProbeExecution]  # (probe, side, variant, repeat)
+
+
+def _trace(execution: ProbeExecution | None) -> traces.Trace | None:
+    if execution is None:
+        return None
+    artifact = next((a for a in execution.artifacts.all() if a.name == "trace.json"), None)
+    if artifact is None or artifact.size > TRACE_MAX_BYTES:
+        return None
+    path = blob_path(Path(settings.DATA_DIR) / "blobs", artifact.sha256)
+    try:
+        return traces.parse_trace(path.read_bytes())
+    except (traces.TraceError, OSError):
+        return None
+
+
+def behaviour_findings(probe: Probe, runs: Runs, extras: dict[str, Any]) -> list[Finding]:
+    """Per variant: each side's spans (into extras["spans"]), never-overlapping pairs with the
+    blocked-thread evidence and the other side's overlap, and the spans that changed from the
+    baseline's trace."""
+    found: list[Finding] = []
+    for variant in probe.variant_matrix():
+        key = variant_key(variant)
+        executions = {side: runs.get((probe.name, side, key, 0)) for side in SIDES}
+        parsed = {side: _trace(execution) for side, execution in executions.items()}
+        for side in ("candidate", "baseline"):
+            trace, execution = parsed[side], executions[side]
+            if trace is None or execution is None:
+                continue
+            rows = traces.span_stats(trace)
+            label = f"{key or 'default'}, {side}"
+            extras["spans"][f"{probe.name} [{label}]"] = [r.as_dict() for r in rows[:20]]
+            timelines = extras.setdefault("timelines", {})
+            if len(timelines) < MAX_TIMELINES:
+                timelines[f"{probe.name} [{label}]"] = traces.timeline(trace)
+            other = parsed["baseline" if side == "candidate" else "candidate"]
+            found += overlap_findings(probe.name, label, trace, {
+                "probe": probe.name, "variant": key, "side": side,
+                "execution": execution.pk, "artifact": "trace.json"},
+                side=side, other=other, rows=rows)
+        baseline, candidate = parsed["baseline"], parsed["candidate"]
+        cand_exec = executions["candidate"]
+        if candidate is not None and baseline is not None and cand_exec is not None:
+            repeats = {side: [t for t in (parsed[side], *(
+                _trace(runs.get((probe.name, side, key, r)))
+                for r in range(1, min(probe.repeat, MAX_REPEAT_TRACES)))) if t is not None]
+                for side in SIDES}
+            found += [f for f in change_findings(probe.name, key, baseline, candidate, {
+                "probe": probe.name, "variant": key, "execution": cand_exec.pk,
+                "artifact": "trace.json"}) if _holds_across_repeats(f, repeats)]
+    return found
+
+
+def _holds_across_repeats(finding: Finding, repeats: dict[str, list[traces.Trace]]) -> bool:
+    """A span change seen between the first traces must hold between the medians of every
+    repeat's total for that span: one stalled call in one trace is not a change."""
+    name = finding.evidence.get("span")
+    if name is None or min(len(repeats["baseline"]), len(repeats["candidate"])) < 2:
+        return True
+    base, cand = (statistics.median(_span_total(t, str(name)) for t in repeats[side])
+                  for side in SIDES)
+    status = finding.kind.removeprefix("span-")
+    if status == "grew":
+        return cand > base * (1 + MIN_CHANGE)
+    if status == "shrank":
+        return cand < base * (1 - MIN_CHANGE)
+    return True
+
+
+def _span_total(trace: traces.Trace, name: str) -> float:
+    return math.fsum(span.end_us - span.start_us for span in trace.spans if span.name == name)
+
+
+def overlap_findings(probe: str, variant: str, trace: traces.Trace, evidence: dict[str, Any],
+                     *, side: str = "", other: traces.Trace | None = None,
+                     rows: list[traces.SpanStats] | None = None) -> list[Finding]:
+    """Pairs of substantial spans (the TOP_SPANS longest in total, each at least MIN_SHARE of
+    the trace) on different threads that never run at the same time, each reported once, the
+    smaller span first. `side` ("baseline" or "candidate") is the side of `trace`; `other`, the
+    other side's trace, gives the pair's overlap there too."""
+    rows = traces.span_stats(trace) if rows is None else rows
+    span = max(trace.end_us - trace.start_us, 1.0)
+    totals: dict[str, float] = defaultdict(float)
+    threads: dict[str, set[str]] = defaultdict(set)
+    for row in rows:
+        totals[row.name] += row.total_us
+        threads[row.name].add(row.thread)
+    names = [n for n in sorted(totals, key=lambda n: (-totals[n], n))
+             if totals[n] / span >= MIN_SHARE][:TOP_SPANS]
+    attributions = _Attributions(trace)
+    found = []
+    for a in names:
+        for b in names:
+            if (totals[a], a) >= (totals[b], b) or threads[a] & threads[b]:
+                continue  # each pair once, the smaller span first: its overlap is the stricter
+            result = traces.overlap(trace, a, b)
+            if not feedback.never_overlaps(result):
+                continue
+            by_side = _by_side(side, result, other, a, b)
+            note, held = _held(trace, a, b, threads[a], threads[b])
+            finding = feedback.overlap_finding(
+                probe, variant, result, evidence | held, by_side=by_side,
+                attribution=attributions.get(a), notes=[note] if note else [])
+            if finding is not None:
+                found.append(finding)
+    return found
+
+
+def change_findings(probe: str, variant: str, baseline: traces.Trace, candidate: traces.Trace,
+                    evidence: dict[str, Any]) -> list[Finding]:
+    """The TOP_CHANGES spans whose total time changed by 10% or more; one that grew or is new
+    carries the attribution of its idle time on the candidate's trace and, when some span on
+    another thread ran for PAIR_SHARE or more of that idle time, the pair's overlap per side."""
+    found = []
+    attributions = _Attributions(candidate)
+    for change in traces.trace_diff(baseline, candidate, min_change=MIN_CHANGE)[:TOP_CHANGES]:
+        attribution = paired = None
+        if change.status in ("grew", "new"):
+            attribution = attributions.get(change.name)
+            top = attributions.top(change.name)
+            if top is not None:
+                paired = {side: traces.overlap(trace, change.name, top)
+                          for side, trace in zip(SIDES, (baseline, candidate), strict=True)}
+        found.append(feedback.span_change_finding(probe, variant, change, evidence,
+                                                  attribution=attribution, paired=paired))
+    return found
+
+
+class _Attributions:
+    """`traces.idle_attribution` per span name of one trace, each computed once."""
+
+    def __init__(self, trace: traces.Trace) -> None:
+        self.trace = trace
+        self.done: dict[str, traces.Attribution | None] = {}
+
+    def result(self, name: str) -> traces.Attribution | None:
+        if name not in self.done:
+            self.done[name] = traces.idle_attribution(self.trace, name)
+        return self.done[name]
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        result = self.result(name)
+        return result.as_dict() if result is not None else None
+
+    def top(self, name: str) -> str | None:
+        """The span, not a wait, that ran longest on another thread while `name`'s thread sat
+        idle, if it ran for at least PAIR_SHARE of that time."""
+        result = self.result(name)
+        if result is None:
+            return None
+        share = next((o for o in result.others if not o.waiting), None)
+        return share.name if share is not None and share.share >= PAIR_SHARE else None
+
+
+def _by_side(side: str, result: traces.Overlap, other: traces.Trace | None, a: str,
+             b: str) -> dict[str, traces.Overlap] | None:
+    """The pair's overlap on both sides, baseline first, when the other side's trace exists."""
+    if other is None or side not in SIDES:
+        return None
+    mirrored = traces.overlap(other, a, b)
+    return {s: result if s == side else mirrored for s in SIDES}
+
+
+def _held(trace: traces.Trace, a: str, b: str, a_threads: set[str],
+          b_threads: set[str]) -> tuple[str, dict[str, Any]]:
+    """How long a's thread sat idle while b ran: the blocked-thread evidence (a note for the
+    detail and evidence keys), or nothing when a runs on several threads or b takes no time."""
+    if len(a_threads) != 1:
+        return "", {}
+    (thread,) = a_threads
+    try:
+        idle = traces.idle_intervals(trace, thread)
+    except ValueError:
+        return "", {}
+    held = _merge([(s.start_us, s.end_us) for s in trace.spans if s.name == b])
+    held_us = sum(end - start for start, end in held)
+    if held_us <= 0:
+        return "", {}
+    idle_during = _common([(i.start_us, i.end_us) for i in idle], held)
+    holders = ", ".join(sorted(b_threads))
+    note = (f"thread {thread} sat idle for {idle_during / held_us:.0%} of the time {holders} "
+            f"ran {b} ({idle_during / 1000:.1f} of {held_us / 1000:.1f} ms)")
+    return note, {"idle_during_us": idle_during, "held_us": held_us}
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _common(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """The time two sorted, disjoint interval lists share."""
+    total = 0.0
+    i = j = 0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total

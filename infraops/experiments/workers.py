@@ -1,0 +1,114 @@
+"""Which queues have a live worker, so a page can say 'waiting for a worker with gpu'
+instead of leaving a user to wonder.
+
+Each worker process writes a key per queue it consumes into Redis every HEARTBEAT seconds,
+with a TTL of three beats: a killed worker disappears within TTL seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import redis
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT = 5.0
+TTL = int(HEARTBEAT * 3)
+PREFIX = "infraops:worker:"
+BOOT_PREFIX = "infraops:worker-boot:"  # <nodename> -> the boot token of its main process
+
+
+def _client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+
+
+def worker_beat(*, name: str, queues: list[str], boot: str = "") -> None:
+    with _client().pipeline() as pipe:
+        for queue in queues:
+            pipe.set(f"{PREFIX}{queue}:{name}", "1", ex=TTL)
+        if boot:
+            pipe.set(f"{BOOT_PREFIX}{name}", boot, ex=TTL)
+        pipe.execute()
+
+
+def boot_alive(nodename: str, token: str) -> bool:
+    """Whether the worker boot `token` of `nodename` is still running (raises RedisError)."""
+    value = _client().get(f"{BOOT_PREFIX}{nodename}")
+    if isinstance(value, bytes):
+        value = value.decode()
+    return value == token
+
+
+def live_queues() -> set[str] | None:
+    """Queues with at least one live worker; None when Redis cannot be asked."""
+    try:
+        keys = _client().scan_iter(match=f"{PREFIX}*", count=500)
+        return {key.decode().removeprefix(PREFIX).rsplit(":", 1)[0] for key in keys}
+    except redis.RedisError:
+        log.warning("cannot read worker heartbeats", exc_info=True)
+        return None
+
+
+def missing_worker_message(queue: str) -> str | None:
+    """A sentence for the page when nobody consumes `queue`; None when someone does."""
+    live = live_queues()
+    if live is None:
+        return "Redis cannot be reached, so no work can be queued or picked up."
+    if queue in live:
+        return None
+    needs = queue.split(".")[1:]
+    wanted = f"a worker with {' and '.join(needs)}" if needs else "a worker"
+    return (f"Waiting for {wanted}: no live worker consumes queue {queue!r}. Start one with "
+            f"`celery -A infraops.project worker -Q {queue}`.")
+
+
+class Periodic:
+    """A daemon thread calling `tick()` every `interval` seconds until stopped. A tick that
+    raises is logged; the next one runs as planned."""
+
+    thread_name = "infraops-periodic"
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # the thread must outlive any one bad tick
+                log.warning("%s failed", self.thread_name, exc_info=True)
+            self._stop.wait(self.interval)
+
+
+class Heartbeat(Periodic):
+    """Beats for one worker process until stopped."""
+
+    thread_name = "infraops-heartbeat"
+
+    def __init__(self, name: str, queues: list[str], boot: str = "") -> None:
+        super().__init__(HEARTBEAT)
+        self.name, self.queues, self.boot = name, queues, boot
+
+    def tick(self) -> None:
+        worker_beat(name=self.name, queues=self.queues, boot=self.boot)
+
+
+def this_boot() -> tuple[str, str]:
+    """(worker nodename, boot token) of the worker this process belongs to; '' outside one.
+    The worker's main process names them before its pool forks (infraops.project.celery)."""
+    return (os.environ.get("INFRAOPS_WORKER_NAME", ""), os.environ.get("INFRAOPS_WORKER_BOOT", ""))
