@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AnonymousUser, User
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F, Max
 from django.utils import timezone
@@ -53,7 +53,7 @@ def _pause(run: AgentRun, reason: str) -> None:
               data={"status": "paused"})
 
 
-def run_start(*, goal: Goal, user: User | AnonymousUser) -> AgentRun:
+def run_start(*, goal: Goal, user: User) -> AgentRun:
     """Pin the goal's current version, the manifest and the base commit; queue step one."""
     if not has_target_role(user, goal.target_id, ENGINEER):
         raise DomainError(f"Only an engineer can start a run on {goal.target.name}.")
@@ -256,11 +256,11 @@ def _finish(run: AgentRun, status: str, reason: str) -> None:
 
 # --- human controls ------------------------------------------------------------------------
 
-def run_pause(*, run: AgentRun, user: User | AnonymousUser) -> AgentRun:
+def run_pause(*, run: AgentRun, user: User) -> AgentRun:
     return _transition(run, user, AgentRun.Status.RUNNING, AgentRun.Status.PAUSED, "paused")
 
 
-def run_resume(*, run: AgentRun, user: User | AnonymousUser) -> AgentRun:
+def run_resume(*, run: AgentRun, user: User) -> AgentRun:
     """Resume a paused run: the model endpoint gets a fresh retry window and the 'no
     progress' check a fresh allowance (it reads only experiments after this point)."""
     run = _transition(run, user, AgentRun.Status.PAUSED, AgentRun.Status.RUNNING, "resumed")
@@ -274,7 +274,7 @@ def run_resume(*, run: AgentRun, user: User | AnonymousUser) -> AgentRun:
     return run
 
 
-def run_cancel(*, run: AgentRun, user: User | AnonymousUser) -> AgentRun:
+def run_cancel(*, run: AgentRun, user: User) -> AgentRun:
     if not has_target_role(user, run.target_id, ENGINEER):
         raise DomainError(f"Only an engineer can cancel a run on {run.target.name}.")
     with transaction.atomic():
@@ -286,7 +286,7 @@ def run_cancel(*, run: AgentRun, user: User | AnonymousUser) -> AgentRun:
     return locked
 
 
-def _transition(run: AgentRun, user: User | AnonymousUser, old: str, new: str,
+def _transition(run: AgentRun, user: User, old: str, new: str,
                 verb: str) -> AgentRun:
     if not has_target_role(user, run.target_id, ENGINEER):
         raise DomainError(f"Only an engineer can have a run {verb} on {run.target.name}.")
@@ -321,7 +321,7 @@ def run_wake(*, experiment_id: int) -> None:
 
 # --- human steering ------------------------------------------------------------------------
 
-def _steerer(run: AgentRun, user: User | AnonymousUser) -> User:
+def _steerer(run: AgentRun, user: User) -> User:
     if not target_roles(user, run.target_id) & {ENGINEER, REVIEWER}:
         raise DomainError(f"Only an engineer or a reviewer can steer a run on {run.target.name}.")
     if run.is_finished:
@@ -330,7 +330,7 @@ def _steerer(run: AgentRun, user: User | AnonymousUser) -> User:
     return user
 
 
-def run_message_add(*, run: AgentRun, user: User | AnonymousUser, text: str) -> RunMessage:
+def run_message_add(*, run: AgentRun, user: User, text: str) -> RunMessage:
     """A message the agent receives at its next step."""
     author = _steerer(run, user)
     with transaction.atomic():
@@ -341,7 +341,7 @@ def run_message_add(*, run: AgentRun, user: User | AnonymousUser, text: str) -> 
     return message
 
 
-def hypothesis_add(*, run: AgentRun, user: User | AnonymousUser, title: str,
+def hypothesis_add(*, run: AgentRun, user: User, title: str,
                    rationale: str = "") -> Hypothesis:
     """A person's hypothesis in the run's ledger; the agent sees it at its next step."""
     author = _steerer(run, user)

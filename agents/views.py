@@ -23,7 +23,7 @@ from agents.charts import evolution_svg
 from agents.goals import evolution, goal_progress
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
 from infraops.access import (
-    HtmxHttpRequest,
+    AuthenticatedHttpRequest,
     get_visible_or_404,
     read_visible_or_404,
     request_target_roles,
@@ -52,7 +52,7 @@ _RECENT_RUNS = {
     for every in (False, True)}
 
 
-def dashboard(request: HtmxHttpRequest) -> HttpResponse:
+def dashboard(request: AuthenticatedHttpRequest) -> HttpResponse:
     require_any_role(request)
     ids = visible_target_ids(request.user)
     every, params = ids is None, ([] if ids is None else [ids])
@@ -69,7 +69,7 @@ def dashboard_live(target_ids: list[int] | None) -> dict[str, Any]:
     return {"goals": goal_progress(target_ids), "runs": _RECENT_RUNS[every].all(*params)}
 
 
-def goal_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+def goal_detail(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
     """A goal: its metric across the base and every merged change (the evolution chart), its
     versions with what each changed, its runs and merged changes."""
     goal = get_visible_or_404(Goal.objects.select_related("target", "boundary"), request, pk=pk)
@@ -106,12 +106,12 @@ def load_ledger(run: AgentRun) -> None:
     give_related(run, "messages", _MESSAGES.all(run.pk))
 
 
-def _get_run_for_user(request: HtmxHttpRequest, pk: int) -> AgentRun:
+def _get_run_for_user(request: AuthenticatedHttpRequest, pk: int) -> AgentRun:
     return read_visible_or_404(RUN_READ, request, pk)
 
 
 @require_POST
-def run_start(request: HtmxHttpRequest, goal_id: int) -> HttpResponse:
+def run_start(request: AuthenticatedHttpRequest, goal_id: int) -> HttpResponse:
     goal = get_visible_or_404(Goal.objects.select_related("target"), request, pk=goal_id)
     if (refused := throttled(request, START_RUN)) is not None:
         return refused
@@ -291,7 +291,7 @@ def _step_rows(run: AgentRun) -> SafeString:
     return _rendered_once("agents/run.html#run-step", keys, fetch)
 
 
-def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+def run_detail(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
     """The run page; for htmx, the live partial (events after `after`); with `steps_after`,
     only the rows of the steps after that number (the page's script appends them)."""
     run = _get_run_for_user(request, pk)
@@ -325,7 +325,7 @@ class SteerForm(forms.Form):
 
 
 @require_POST
-def run_steer(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+def run_steer(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
     run = _get_run_for_user(request, pk)
     form = SteerForm(request.POST)
     if not form.is_valid():
@@ -356,7 +356,7 @@ def _worker_warning(run: AgentRun) -> str | None:
 
 
 @require_POST
-def run_control(request: HtmxHttpRequest, pk: int, action: str) -> HttpResponse:
+def run_control(request: AuthenticatedHttpRequest, pk: int, action: str) -> HttpResponse:
     run = _get_run_for_user(request, pk)
     control = {"pause": services.run_pause, "resume": services.run_resume,
                "cancel": services.run_cancel}.get(action)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, TypeGuard, TypeVar
 
-from django.contrib.auth.models import AnonymousUser, User
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db import connections, router
 from django.db.models import Model, QuerySet
@@ -21,7 +21,7 @@ from django_htmx.middleware import HtmxDetails
 
 from infraops.models import Target, TargetMembership
 from infraops.reads import JoinedRead
-from infraops.roles import ENGINEER, REVIEWER, roles_of, user_roles
+from infraops.roles import ENGINEER, REVIEWER, AnyUser, roles_of, user_roles
 
 M = TypeVar("M", bound=Model)
 Q = TypeVar("Q", bound=QuerySet[Any])
@@ -29,17 +29,19 @@ Q = TypeVar("Q", bound=QuerySet[Any])
 NOT_FOUND = "No such page, or not one of your targets'."
 
 
-class HtmxHttpRequest(HttpRequest):
-    """The request type of our views: HtmxMiddleware adds .htmx."""
+class AuthenticatedHttpRequest(HttpRequest):
+    """The request type of our views: signed in (LoginRequiredMiddleware lets no anonymous
+    request reach a view), with .htmx from HtmxMiddleware."""
 
+    user: User
     htmx: HtmxDetails
 
 
-def is_superuser(user: User | AnonymousUser) -> bool:
+def is_superuser(user: AnyUser) -> bool:
     return user.is_authenticated and bool(getattr(user, "is_superuser", False))
 
 
-def scoped(queryset: Q, user: User | AnonymousUser, path: str = "target") -> Q:
+def scoped(queryset: Q, user: AnyUser, path: str = "target") -> Q:
     """The rows of `queryset` whose target (reached by `path`; "" for targets themselves)
     the user sees."""
     if is_superuser(user):
@@ -54,7 +56,7 @@ def scoped(queryset: Q, user: User | AnonymousUser, path: str = "target") -> Q:
 _MEMBER_TARGETS = "SELECT target_id FROM infraops_targetmembership WHERE user_id = %s"
 
 
-def visible_target_ids(user: User | AnonymousUser) -> list[int] | None:
+def visible_target_ids(user: AnyUser) -> list[int] | None:
     """The ids of the targets the user sees; None for every target (a superuser). For reads
     that filter by a list (infraops.reads) rather than by `scoped`'s subquery."""
     if is_superuser(user):
@@ -66,11 +68,11 @@ def visible_target_ids(user: User | AnonymousUser) -> list[int] | None:
         return [row[0] for row in cursor.fetchall()]
 
 
-def visible_targets(user: User | AnonymousUser) -> QuerySet[Target]:
+def visible_targets(user: AnyUser) -> QuerySet[Target]:
     return scoped(Target.objects.all(), user, path="")
 
 
-def targets_with_role(user: User | AnonymousUser, role: str) -> QuerySet[Target]:
+def targets_with_role(user: AnyUser, role: str) -> QuerySet[Target]:
     """The targets on which the user holds `role` (every target for a superuser)."""
     if is_superuser(user):
         return Target.objects.all()
@@ -84,7 +86,7 @@ def targets_with_role(user: User | AnonymousUser, role: str) -> QuerySet[Target]
 _ROLE = "SELECT role FROM infraops_targetmembership WHERE user_id = %s AND target_id = %s"
 
 
-def target_roles(user: User | AnonymousUser, target_id: int | None) -> set[str]:
+def target_roles(user: AnyUser, target_id: int | None) -> set[str]:
     """The roles the user holds on that target (empty when they do not see it)."""
     if is_superuser(user):
         return {ENGINEER, REVIEWER}
@@ -96,19 +98,19 @@ def target_roles(user: User | AnonymousUser, target_id: int | None) -> set[str]:
     return {row[0]} if row else set()
 
 
-def target_role(user: User | AnonymousUser, target: Target) -> str | None:
+def target_role(user: AnyUser, target: Target) -> str | None:
     """The one role of a member on the target (superusers: engineer), else None."""
     roles = target_roles(user, target.pk)
     return ENGINEER if ENGINEER in roles else next(iter(roles), None)
 
 
-def has_target_role(user: User | AnonymousUser, target_id: int | None,
+def has_target_role(user: AnyUser, target_id: int | None,
                     role: str) -> TypeGuard[User]:
     """True when the user is signed in and holds the role on that target (narrows to User)."""
     return role in target_roles(user, target_id)
 
 
-def has_any_access(user: User | AnonymousUser) -> bool:
+def has_any_access(user: AnyUser) -> bool:
     """Signed in with a role: a global group, a membership, or superuser."""
     if not user.is_authenticated:
         return False
@@ -168,12 +170,3 @@ def request_target_roles(request: HttpRequest, target_id: int | None) -> set[str
     if target_id not in memo:
         memo[target_id] = target_roles(request.user, target_id)
     return memo[target_id]
-
-
-def require_target_role(request: HttpRequest, target: Target, role: str) -> None:
-    """404 when the user does not see the target, 403 when they see it in another role."""
-    roles = target_roles(request.user, target.pk)
-    if not roles:
-        raise Http404(NOT_FOUND)
-    if role not in roles:
-        raise PermissionDenied(f"This needs the {role} role on {target.name}.")

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TypeGuard
+from typing import TypeAlias
 
 from django.contrib.auth.models import AnonymousUser, User
 
@@ -12,6 +12,10 @@ ENGINEER = "engineer"
 REVIEWER = "reviewer"
 VIEWER = "viewer"
 ROLES = (ENGINEER, REVIEWER, VIEWER)
+
+# A user as Django hands it to code that may run before sign-in is checked (the access
+# checks, sockets, context processors). Views and services, behind sign-in, take User.
+AnyUser: TypeAlias = User | AnonymousUser
 
 # role -> (app label, model, actions) for the admin editor. Migration 0002 keeps its own copy,
 # as migrations must; a grant added here reaches existing databases at the next migrate.
@@ -49,20 +53,15 @@ def roles_grant(grants_by_role: Mapping[str, list[tuple[str, str, tuple[str, ...
             group.permissions.add(*wanted)
 
 
-def user_roles(user: User | AnonymousUser) -> set[str]:
+def user_roles(user: AnyUser) -> set[str]:
     if not user.is_authenticated:
         return set()
     return roles_of(user.groups.values_list("name", flat=True), user)
 
 
-def roles_of(group_names: Iterable[str], user: User | AnonymousUser) -> set[str]:
+def roles_of(group_names: Iterable[str], user: AnyUser) -> set[str]:
     """The roles that these group names of the user give (a superuser holds them all)."""
     names = set(group_names)
     if getattr(user, "is_superuser", False):
         names |= {ENGINEER, REVIEWER}
     return names & set(ROLES)
-
-
-def has_role(user: User | AnonymousUser, role: str) -> TypeGuard[User]:
-    """True when the user is signed in and holds the role (narrows the type to User)."""
-    return role in user_roles(user)

@@ -6,12 +6,12 @@ user, so a dropped notice costs latency, never a wrong number (the next page loa
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AnonymousUser, User
 from django.db import connections, router
 from django.http import HttpRequest
 
 from infraops.access import is_superuser, scoped
 from infraops.live import notify
+from infraops.roles import AnyUser
 from reviews.models import Change, ChangeQuerySet, ReviewerProfile
 
 REVIEWS_GROUP = "reviews"
@@ -23,7 +23,7 @@ def queue_changed() -> None:
     notify(REVIEWS_GROUP, {"type": "reviews.changed"})
 
 
-def reviewer_classes(user: User | AnonymousUser) -> list[str]:
+def reviewer_classes(user: AnyUser) -> list[str]:
     """The risk classes assigned to the user; empty for a generalist or a non-reviewer.
 
     The reverse one-to-one caches its answer (a missing profile too) on the user instance,
@@ -44,7 +44,7 @@ def assigned_classes(user_id: int) -> list[str]:
     return list(found or [])
 
 
-def awaiting_for(user: User | AnonymousUser) -> ChangeQuerySet:
+def awaiting_for(user: AnyUser) -> ChangeQuerySet:
     """What waits for this user: changes awaiting review of their classes (or every class)
     on the targets they see."""
     return scoped(awaiting_for_classes(reviewer_classes(user)), user)
@@ -68,7 +68,7 @@ WHERE c.status = %(status)s
 """
 
 
-def count_awaiting(user: User | AnonymousUser, classes: list[str]) -> int:
+def count_awaiting(user: AnyUser, classes: list[str]) -> int:
     """How many changes await review of these classes (every class for []) on the targets
     the user sees: `awaiting_for_classes(classes)` scoped to the user, counted."""
     if not user.is_authenticated:

@@ -4,7 +4,7 @@ is skeletons/outcomes.py; an agent's use of one is skeletons/tools.py."""
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AnonymousUser, User
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from infraops.access import is_superuser
@@ -15,7 +15,7 @@ from infraops.services.audit import audit_record
 from skeletons.models import Skeleton
 
 
-def promotion_denial(user: User | AnonymousUser) -> str | None:
+def promotion_denial(user: User) -> str | None:
     """Why `user` may not promote skeletons, in a sentence; None when they may. The library
     belongs to no target: an engineer or reviewer on any target (or a superuser) promotes."""
     if not user.is_authenticated:
@@ -36,7 +36,7 @@ def trust_denial(skeleton: Skeleton) -> str | None:
             "verified gain; this one has none yet.")
 
 
-def skeleton_promote(*, skeleton: Skeleton, user: User | AnonymousUser, expected: str
+def skeleton_promote(*, skeleton: Skeleton, user: User, expected: str
                      ) -> Skeleton:
     """Promote the skeleton one step, from `expected` (the status the person saw) to the
     next: draft -> reviewed -> trusted.

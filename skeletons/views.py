@@ -16,7 +16,12 @@ from django.http import Http404, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from infraops.access import NOT_FOUND, HtmxHttpRequest, require_any_role, visible_target_ids
+from infraops.access import (
+    NOT_FOUND,
+    AuthenticatedHttpRequest,
+    require_any_role,
+    visible_target_ids,
+)
 from infraops.errors import DomainError, Forbidden
 from skeletons.applicability import describe_conditions
 from skeletons.models import (
@@ -68,13 +73,13 @@ class PromoteForm(forms.Form):
     expected = forms.ChoiceField(choices=Skeleton.Status.choices, widget=forms.HiddenInput)
 
 
-def _library(request: HtmxHttpRequest) -> SkeletonQuerySet:
+def _library(request: AuthenticatedHttpRequest) -> SkeletonQuerySet:
     """The skeletons the user may read (403 without any role)."""
     require_any_role(request)
     return Skeleton.objects.visible_to(visible_target_ids(request.user))
 
 
-def _get_skeleton_for_user(request: HtmxHttpRequest, slug: str) -> Skeleton:
+def _get_skeleton_for_user(request: AuthenticatedHttpRequest, slug: str) -> Skeleton:
     found = _library(request).select_related("proposed_from__target", "promoted_by").filter(
         slug=slug).first()
     if found is None:
@@ -82,7 +87,7 @@ def _get_skeleton_for_user(request: HtmxHttpRequest, slug: str) -> Skeleton:
     return found
 
 
-def skeleton_list(request: HtmxHttpRequest) -> HttpResponse:
+def skeleton_list(request: AuthenticatedHttpRequest) -> HttpResponse:
     library = _library(request)
     form = SkeletonFilterForm(request.GET, condition_fields(library))
     filters = form.filters()
@@ -111,13 +116,13 @@ def condition_fields(library: QuerySet[Skeleton]) -> list[str]:
     return sorted(field for field in fields if isinstance(field, str))
 
 
-def skeleton_detail(request: HtmxHttpRequest, slug: str) -> HttpResponse:
+def skeleton_detail(request: AuthenticatedHttpRequest, slug: str) -> HttpResponse:
     skeleton = _get_skeleton_for_user(request, slug)
     return render(request, "skeletons/detail.html",
                   _detail_context(request, skeleton))
 
 
-def _detail_context(request: HtmxHttpRequest, skeleton: Skeleton) -> dict[str, Any]:
+def _detail_context(request: AuthenticatedHttpRequest, skeleton: Skeleton) -> dict[str, Any]:
     target_ids = visible_target_ids(request.user)
     denial = promotion_denial(request.user)
     if denial is None and skeleton.next_status == Skeleton.Status.TRUSTED:
@@ -152,7 +157,7 @@ def _visible_uses(skeleton: Skeleton, target_ids: list[int] | None) -> QuerySet[
 
 
 @require_POST
-def skeleton_promote_view(request: HtmxHttpRequest, slug: str) -> HttpResponse:
+def skeleton_promote_view(request: AuthenticatedHttpRequest, slug: str) -> HttpResponse:
     skeleton = _get_skeleton_for_user(request, slug)
     form = PromoteForm(request.POST)
     if not form.is_valid():

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.contrib.auth.models import AnonymousUser, User
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.forms import BaseModelForm, BaseModelFormSet
@@ -22,6 +21,7 @@ from django.forms.formsets import DELETION_FIELD_NAME, ORDERING_FIELD_NAME
 from django.forms.models import model_to_dict
 
 from infraops.models import AuditEntry
+from infraops.roles import AnyUser
 from infraops.services.audit import audit_record
 
 _FORMSET_FIELDS = {DELETION_FIELD_NAME, ORDERING_FIELD_NAME}
@@ -81,7 +81,7 @@ def record_values(obj: models.Model, fields: list[str] | None = None) -> dict[st
 
 def audit_form_save(
     *,
-    user: User | AnonymousUser,
+    user: AnyUser,
     action: str,
     form: BaseModelForm[Any],
     created: bool,
@@ -103,7 +103,7 @@ def audit_form_save(
 
 def formset_save_audited(
     *,
-    user: User | AnonymousUser,
+    user: AnyUser,
     formset: BaseModelFormSet[Any, Any],
     noun: str,
     data: dict[str, Any] | None = None,

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AnonymousUser, User
 from django.db import models
 
 from infraops.models import AuditEntry
+from infraops.roles import AnyUser
 
 
 def audit_record(
     *,
-    actor: User | AnonymousUser | None,
+    actor: AnyUser | None,
     action: str,
     obj: models.Model,
     data: dict[str, Any] | None = None,

@@ -12,12 +12,10 @@ from django.utils import timezone
 
 from infraops import gitops
 from infraops.errors import DomainError
-from infraops.manifest import Manifest, ManifestError, parse_manifest
+from infraops.manifest import MANIFEST_PATH, Manifest, ManifestError, parse_manifest
 from infraops.models import Target, TargetMembership
 from infraops.roles import ROLES
 from infraops.services.audit import audit_record
-
-MANIFEST_PATH = "infraops.toml"
 
 
 def repo_check(*, url: str, branch: str) -> None:

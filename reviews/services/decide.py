@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AnonymousUser, User
+from django.contrib.auth.models import User
 from django.db import transaction
 
 from infraops import gitops
@@ -25,7 +25,7 @@ _STATUS_AFTER = {
 }
 
 
-def decision_denial(user: User | AnonymousUser, change: Change) -> str | None:
+def decision_denial(user: User, change: Change) -> str | None:
     """Why `user` may not decide on `change`, in a sentence; None when they may. The page's
     `can_decide` and the service use this one rule."""
     if not user.is_authenticated:
@@ -45,7 +45,7 @@ def decision_denial(user: User | AnonymousUser, change: Change) -> str | None:
     return None
 
 
-def change_refusal(user: User | AnonymousUser, change: Change, action: str,
+def change_refusal(user: User, change: Change, action: str,
                    reason: str) -> Forbidden:
     """The audit row of a refused attempt, and the error that says why."""
     audit_record(actor=user, actor_label="" if user.is_authenticated else "anonymous",
@@ -56,7 +56,7 @@ def change_refusal(user: User | AnonymousUser, change: Change, action: str,
 
 
 def review_decide(
-    *, change: Change, reviewer: User | AnonymousUser, decision: str, comment: str = "",
+    *, change: Change, reviewer: User, decision: str, comment: str = "",
     diff_sha256: str | None = None,
 ) -> ReviewDecision:
     """A reviewer decides on a change awaiting review; an approval merges it.
@@ -123,7 +123,7 @@ def _check_diff_unchanged(change: Change) -> None:
                           "Nothing was recorded.")
 
 
-def change_merge_request(*, change: Change, user: User | AnonymousUser) -> Change:
+def change_merge_request(*, change: Change, user: User) -> Change:
     """Try the merge of an approved change again (after a refused push, say). Needs a valid
     approval of the current diff and a person who may decide on the change."""
     denial = decision_denial(user, change)
@@ -143,7 +143,7 @@ def change_merge_request(*, change: Change, user: User | AnonymousUser) -> Chang
     return change_advance(change_id=change.pk)
 
 
-def change_comment(*, change: Change, author: User | AnonymousUser, path: str, line: int,
+def change_comment(*, change: Change, author: User, path: str, line: int,
                    side: str, text: str) -> ReviewComment:
     """A reviewer's comment on one line of the diff; the agent reads it at its next step."""
     if not has_target_role(author, change.target_id, REVIEWER):

@@ -10,7 +10,7 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from infraops.access import HtmxHttpRequest, get_visible_or_404
+from infraops.access import AuthenticatedHttpRequest, get_visible_or_404
 from infraops.errors import DomainError, Forbidden
 from infraops.feedback.charts import feedback_charts
 from infraops.ratelimit import APPROVE, throttled
@@ -44,7 +44,7 @@ class CommentForm(forms.Form):
                            label="Comment on this line")
 
 
-def _get_change_for_user(request: HtmxHttpRequest, pk: int, attempt: str = "") -> Change:
+def _get_change_for_user(request: AuthenticatedHttpRequest, pk: int, attempt: str = "") -> Change:
     """The change, or 404; an `attempt` (approve, merge…) at a change of a target the user
     does not see is audited as refused, as every other refusal is."""
     try:
@@ -58,19 +58,19 @@ def _get_change_for_user(request: HtmxHttpRequest, pk: int, attempt: str = "") -
         raise
 
 
-def _refused(request: HtmxHttpRequest, change: Change, reason: str) -> HttpResponse:
+def _refused(request: AuthenticatedHttpRequest, change: Change, reason: str) -> HttpResponse:
     return render(request, "reviews/refused.html", {"change": change, "reason": reason},
                   status=403)
 
 
-def _commenting(request: HtmxHttpRequest) -> tuple[str, str, int] | None:
+def _commenting(request: AuthenticatedHttpRequest) -> tuple[str, str, int] | None:
     """?comment=<side>:<line>:<path> opens the comment form on that line."""
     side, _, rest = request.GET.get("comment", "").partition(":")
     line, _, path = rest.partition(":")
     return (path, side, int(line)) if side in ("new", "old") and line.isdigit() and path else None
 
 
-def _context(request: HtmxHttpRequest, change: Change, **forms_: Any) -> dict[str, Any]:
+def _context(request: AuthenticatedHttpRequest, change: Change, **forms_: Any) -> dict[str, Any]:
     comments = [{"path": c.path, "line": c.line, "side": c.side, "text": c.text,
                  "author": str(c.author), "created_at": c.created_at,
                  "outdated": c.diff_sha256 != change.diff_sha256}
@@ -90,14 +90,14 @@ def _context(request: HtmxHttpRequest, change: Change, **forms_: Any) -> dict[st
     }
 
 
-def change_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+def change_detail(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
     change = _get_change_for_user(request, pk)
     template = "reviews/change.html#gate-checks" if request.htmx else "reviews/change.html"
     return render(request, template, _context(request, change))
 
 
 @require_POST
-def change_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+def change_decide(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
     asked = request.POST.get("decision", "")
     change = _get_change_for_user(
         request, pk, attempt=asked if asked in ReviewDecision.Decision.values else "decide")
@@ -123,7 +123,7 @@ def change_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
-def change_merge(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+def change_merge(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
     change = _get_change_for_user(request, pk, attempt="merge")
     try:
         change = change_merge_request(change=change, user=request.user)
@@ -137,7 +137,7 @@ def change_merge(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 @require_POST
-def change_add_comment(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+def change_add_comment(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
     change = _get_change_for_user(request, pk, attempt="comment")
     form = CommentForm(request.POST)
     if not form.is_valid():

@@ -14,14 +14,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django import forms
-from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Q
 from django.http import HttpResponse, QueryDict
 from django.shortcuts import render
 from django.utils import timezone
 
-from infraops.access import HtmxHttpRequest, require_any_role, scoped, visible_targets
+from infraops.access import AuthenticatedHttpRequest, require_any_role, scoped, visible_targets
 from infraops.models import Goal
+from infraops.roles import AnyUser
 from reviews.live import reviewer_classes
 from reviews.models import RISK_CLASSES, Change, ChangeQuerySet
 
@@ -41,12 +41,12 @@ Cursor = tuple[datetime, int]
 DEFAULTS = {"scope": "mine", "status": str(Change.Status.PENDING_REVIEW)}
 
 
-def _target_choices(user: User | AnonymousUser) -> list[tuple[Any, str]]:
+def _target_choices(user: AnyUser) -> list[tuple[Any, str]]:
     targets = visible_targets(user).order_by("name").values_list("pk", "name")
     return [("", "any target"), *targets]
 
 
-def _goal_choices(user: User | AnonymousUser) -> list[tuple[Any, str]]:
+def _goal_choices(user: AnyUser) -> list[tuple[Any, str]]:
     goals = scoped(Goal.objects.all(), user).values_list("pk", "name", "target__name")
     return [("", "any goal"), *((pk, f"{target}: {name}") for pk, name, target in goals)]
 
@@ -77,7 +77,7 @@ class QueueFilterForm(forms.Form):
                         error_messages={"max_length": "a search is at most 200 characters."})
     after = forms.CharField(required=False, widget=forms.HiddenInput)
 
-    def __init__(self, query: QueryDict, user: User | AnonymousUser) -> None:
+    def __init__(self, query: QueryDict, user: AnyUser) -> None:
         data = query.copy()
         for name, default in DEFAULTS.items():  # so the widgets show what applies
             data.setdefault(name, default)
@@ -137,7 +137,7 @@ def format_cursor(change: Change) -> str:
     return f"{change.created_at.astimezone(UTC):%Y-%m-%dT%H:%M:%S.%fZ}_{change.pk}"
 
 
-def queue_changes(user: User | AnonymousUser, filters: dict[str, Any]) -> ChangeQuerySet:
+def queue_changes(user: AnyUser, filters: dict[str, Any]) -> ChangeQuerySet:
     """The changes the filters select on the user's targets, newest first, before paging."""
     changes = scoped(Change.objects.all(), user)
     if filters["status"] != ANY_STATUS:
@@ -221,7 +221,7 @@ def _unfiltered(filters: dict[str, Any]) -> bool:
         filters[name] for name in ("class", "target", "goal", "age", "q"))
 
 
-def _wants_table(request: HtmxHttpRequest) -> bool:
+def _wants_table(request: AuthenticatedHttpRequest) -> bool:
     """htmx swaps of the table get the partial; boosted links and history restores (whose
     target is the whole page) get the page."""
     htmx = request.htmx
@@ -229,7 +229,7 @@ def _wants_table(request: HtmxHttpRequest) -> bool:
             and htmx.target in (None, "queue-table"))
 
 
-def queue(request: HtmxHttpRequest) -> HttpResponse:
+def queue(request: AuthenticatedHttpRequest) -> HttpResponse:
     require_any_role(request)
     form = QueueFilterForm(request.GET, request.user)
     filters = form.filters()
