@@ -40,7 +40,8 @@ from agents.policies.shared import (
 from infraops import gitops
 from infraops.errors import DomainError
 from infraops.feedback.samples import MetricComparison
-from infraops.manifest import Knob, knob_apply, knob_read, knob_values
+from infraops.knobs import knob_apply, knob_read, knob_values
+from infraops.manifest import Knob
 from infraops.models import Experiment
 from reviews.diff_policy import path_violations
 
