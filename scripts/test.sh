@@ -22,8 +22,14 @@ export DJANGO_ALLOW_ASYNC_UNSAFE=true  # Playwright's sync API runs an event loo
 echo "== ruff"; .venv/bin/ruff check .
 # mypy loads the settings (django-stubs), which refuse to start without a key outside DEBUG.
 echo "== mypy"; SECRET_KEY="${SECRET_KEY:-type-checking-only}" .venv/bin/mypy .
+# pytest-xdist: the tests run in $processes worker processes, each on its own test database
+# (pytest-django adds _gw<N>) and its own Redis database (tests/xdist_workers.py counts down
+# from REDIS_URL's). Most end-to-end tests wait on real processes, so two share two cores well.
+processes="${INFRAOPS_TEST_PROCESSES:-2}"
+pytest_parallel=(env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/pytest
+                 -p tests.xdist_workers -n "$processes" --dist loadgroup --durations=25)
 if [ "$#" -gt 0 ]; then
-  echo "== pytest"; exec .venv/bin/pytest "$@"
+  echo "== pytest"; exec "${pytest_parallel[@]}" "$@"
 fi
 
 # The whole suite: the fuzz (CPU-bound page rendering, minutes) runs beside the rest, whose
@@ -40,7 +46,7 @@ echo "== pytest (the fuzz beside the rest; its output follows at the end)"
 DATABASE_URL="$fuzz_db" REDIS_URL="$fuzz_redis" .venv/bin/pytest -m fuzz -q >"$fuzz_log" 2>&1 &
 fuzz_pid=$!
 status=0
-.venv/bin/pytest -m "not fuzz" || status=$?
+"${pytest_parallel[@]}" -m "not fuzz" || status=$?
 fuzz_status=0
 wait "$fuzz_pid" || fuzz_status=$?
 echo "== pytest -m fuzz"

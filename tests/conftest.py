@@ -180,6 +180,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     in that thread (the websocket tests, live notifications) would then refuse to run. Runs
     after pytest-django's own ordering, keeping it within each part."""
     browser = [item for item in items if item.get_closest_marker("browser")]
+    for item in browser:
+        # Under pytest-xdist (--dist loadgroup) they run together, in one worker, after
+        # everything else was handed out: the same rule, per worker process.
+        item.add_marker(pytest.mark.xdist_group("browser"))
     if browser:
         items[:] = [item for item in items if not item.get_closest_marker("browser")] + browser
 
