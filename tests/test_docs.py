@@ -196,8 +196,8 @@ def test_the_path_finder_reads_the_docs_the_way_they_are_written() -> None:
             "`agents/run.html#live-update`, `https://example.org/x.md`.\n"
             "```sh\nscripts/standalone.sh\n```\n`reviews/risk/`")
     assert list(backticked_paths(text)) == [
-        (1, "scripts/test.sh"), (1, "bench/"), (1, "infraops/feedback/stats.py"),
-        (1, "infraops/feedback/traces.py"), (6, "reviews/risk/"),
+        (1, "scripts/test.sh"), (1, "bench/"), (1, "infraops/stats.py"),
+        (1, "infraops/traces.py"), (6, "reviews/risk/"),
     ]
     assert heading_anchors("# The feedback contract\n## Case 1: numerics (`x`)\n") == {
         "the-feedback-contract", "case-1-numerics-x"}
