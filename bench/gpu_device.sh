@@ -36,12 +36,12 @@ run() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$carry"/wheels/*.whl
   export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
   cc -O2 -Wall -Wextra -Werror -o "$(dirname "$(python3 -c 'import sys; print(sys.executable)')")/infraops-sandbox-supervisor" \
-    infraops/experiments/native/sandbox_supervisor.c || echo "no compiled supervisor: the Python one runs"
+    infraops/experiments/sandbox/supervisor.c || echo "no compiled supervisor: the Python one runs"
   # The probes' Python: torch and Triton live outside /usr.
   export INFRAOPS_SANDBOX_TOOLCHAINS=${INFRAOPS_SANDBOX_TOOLCHAINS:-$(python3 -c 'import sys; print(sys.prefix)')}
   export XDG_RUNTIME_DIR=/tmp/xdg && mkdir -p -m 700 "$XDG_RUNTIME_DIR"
   # Its processes live in a cgroup v2 group of their own that may not hand controllers down:
-  # the probe runs' groups go below a group that holds no process (infraops/experiments/sandbox.py).
+  # the probe runs' groups go below a group that holds no process (infraops/experiments/sandbox/cgroups.py).
   if [ -f /sys/fs/cgroup/cgroup.controllers ] && [ -z "${INFRAOPS_SANDBOX_CGROUP:-}" ]; then
     mkdir -p /sys/fs/cgroup/infraops && export INFRAOPS_SANDBOX_CGROUP=/sys/fs/cgroup/infraops
   fi

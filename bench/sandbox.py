@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from infraops.experiments import sandbox  # noqa: E402
+from infraops.experiments.sandbox import cgroups  # noqa: E402
 
 PYTHON = "/usr/bin/python3"  # inside the sandbox only /usr is there; same program on the host
 CANARY_VAR = "INFRAOPS_BENCH_ENV_CANARY"
@@ -679,7 +680,7 @@ class Bench:
 def own_cgroups() -> list[Path]:
     """Control groups of this process's runs still there (none once every run has ended)."""
     try:
-        places = sandbox._cgroup_places()
+        places = cgroups._cgroup_places()
     except OSError:
         return []
     folders = [*places.v1.values(), *([places.v2] if places.v2 is not None else [])]

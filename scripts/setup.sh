@@ -53,11 +53,12 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.requirements-* && touch "$stamp"
 fi
 
-# The sandbox supervisor in C (infraops/experiments/sandbox.py falls back to a Python one without it).
+# The sandbox supervisor in C (without it, the sandbox falls back to the same program in Python,
+# infraops/experiments/sandbox/supervisor.py).
 supervisor=.venv/bin/infraops-sandbox-supervisor
-if [ ! -x "$supervisor" ] || [ infraops/experiments/native/sandbox_supervisor.c -nt "$supervisor" ]; then
+if [ ! -x "$supervisor" ] || [ infraops/experiments/sandbox/supervisor.c -nt "$supervisor" ]; then
   if command -v cc >/dev/null; then
-    cc -O2 -Wall -Wextra -Werror -o "$supervisor" infraops/experiments/native/sandbox_supervisor.c
+    cc -O2 -Wall -Wextra -Werror -o "$supervisor" infraops/experiments/sandbox/supervisor.c
   else
     echo "No C compiler: probes start through the slower Python supervisor." >&2
   fi

@@ -257,7 +257,7 @@ try:
     # Seconds a run keeps retrying a failing model endpoint (5xx, timeouts, refused
     # connections) before it pauses with the reason; Resume retries again.
     LLM_RETRY_SECONDS = _read("INFRAOPS_LLM_RETRY_SECONDS", "float", 300.0)
-    # The most one probe execution's sandbox may take (infraops/experiments/sandbox.py,
+    # The most one probe execution's sandbox may take (infraops/experiments/sandbox/config.py,
     # SandboxLimits):
     # processes and threads, total memory (its tmpfs files included) and MB added to its work
     # tree and output. A probe asking for no limit gets the sandbox's default, at most these.
@@ -284,7 +284,7 @@ try:
     # A cgroup v2 folder holding no process, delegated to the workers, under which each probe
     # run gets its control groups where the worker's own group cannot hand controllers down (a
     # container's or a service's group: cgroup v2's no-internal-processes rule). Read by
-    # infraops/experiments/sandbox.py from the environment; checked here.
+    # infraops/experiments/sandbox/cgroups.py from the environment; checked here.
     SANDBOX_CGROUP = _read("INFRAOPS_SANDBOX_CGROUP", "str", "")
     if SANDBOX_CGROUP and not SANDBOX_CGROUP.startswith("/"):
         raise _ConfigError(f"INFRAOPS_SANDBOX_CGROUP: {SANDBOX_CGROUP!r} is not an absolute path.")

@@ -26,6 +26,7 @@ from infraops.experiments import sandbox
 from infraops.experiments import services as experiments_service
 from infraops.experiments.analysis import attempt_executions, attempt_samples
 from infraops.experiments.results import read_metrics
+from infraops.experiments.sandbox import check, launch
 from infraops.experiments.services import (
     experiment_claim,
     experiment_execute,
@@ -374,8 +375,8 @@ def test_without_a_sandbox_the_experiment_fails_and_nothing_runs_unconfined(
     example_target: Target, data_dir: Path, request_experiment: Callable[..., Experiment],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sandbox, "BWRAP", str(data_dir / "no-such-bwrap"))
-    monkeypatch.setattr(sandbox, "_check_cache", {})
+    monkeypatch.setattr(launch, "BWRAP", str(data_dir / "no-such-bwrap"))
+    monkeypatch.setattr(check, "_check_cache", {})
     experiment = request_experiment(example_target)
 
     result = experiment_execute(experiment_id=experiment.pk, worker=WORKER)

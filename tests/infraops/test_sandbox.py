@@ -22,17 +22,20 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infraops.experiments import sandbox
 from infraops.experiments.sandbox import (
     SandboxIdentity,
     SandboxLimits,
     SandboxResult,
     SandboxSpec,
     SandboxUnavailable,
+    launch,
+    mounts,
+    pid_namespace,
     sandbox_check,
     sandbox_prepare_dir,
     sandbox_read_output,
     sandbox_run,
+    uids,
 )
 from tests.infraops.conftest import Dirs
 
@@ -46,8 +49,8 @@ def supervisor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """Every containment test runs under both supervisors: the C one scripts/setup.sh builds,
     and the Python one used where no compiler was available."""
     if request.param == "python-supervisor":
-        monkeypatch.setattr(sandbox, "SUPERVISOR_BINARY", Path("/nonexistent/supervisor"))
-    elif not os.access(sandbox.SUPERVISOR_BINARY, os.X_OK):
+        monkeypatch.setattr(launch, "SUPERVISOR_BINARY", Path("/nonexistent/supervisor"))
+    elif not os.access(launch.SUPERVISOR_BINARY, os.X_OK):
         pytest.fail("the compiled supervisor is missing: run scripts/setup.sh")
     return str(request.param)
 
@@ -258,9 +261,9 @@ def test_a_supervisor_refuses_an_identity_that_would_leave_the_run_as_root(
 ) -> None:
     # (uid_t)-1 means "unchanged" to setresuid, and 2**32 wraps to 0.
     if supervisor == "python-supervisor":
-        prefix = [sys.executable, "-I", "-S", "-c", sandbox._SUPERVISOR]
+        prefix = [sys.executable, "-I", "-S", "-c", launch._SUPERVISOR]
     else:
-        prefix = [str(sandbox.SUPERVISOR_BINARY)]
+        prefix = [str(launch.SUPERVISOR_BINARY)]
     status_read, status_write = os.pipe()
     try:
         result = subprocess.run(
@@ -278,7 +281,7 @@ def test_a_non_root_identity_out_of_range_is_refused_before_anything_starts() ->
     if not IS_ROOT:
         pytest.skip("only root chooses the identity")
     with pytest.raises(SandboxUnavailable, match="not a usable id"):
-        sandbox._run_identity(SandboxIdentity(uid=(1 << 32) - 1, gid=999))
+        uids._run_identity(SandboxIdentity(uid=(1 << 32) - 1, gid=999))
 
 
 def test_sandbox_check_passes_on_this_machine() -> None:
@@ -336,15 +339,15 @@ def fake_etc(dirs: Dirs, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     source = dirs.base / "fake-etc"
     source.mkdir()
     (source / "hosts").write_text("127.0.0.1 first\n")
-    monkeypatch.setattr(sandbox, "_ETC_SOURCE", source)
+    monkeypatch.setattr(mounts, "_ETC_SOURCE", source)
     copies: list[Path] = []
-    real = sandbox._etc_snapshot
+    real = mounts._etc_snapshot
 
     def recorded() -> Path:
         copies.append(real())
         return copies[-1]
 
-    monkeypatch.setattr(sandbox, "_etc_snapshot", recorded)
+    monkeypatch.setattr(mounts, "_etc_snapshot", recorded)
     yield source
     for folder in set(copies):
         shutil.rmtree(folder, ignore_errors=True)
@@ -360,7 +363,7 @@ def test_etc_follows_a_changed_source_file(dirs: Dirs, fake_etc: Path) -> None:
 def test_a_shared_etc_folder_that_others_may_write_fails_closed(
     dirs: Dirs, fake_etc: Path,
 ) -> None:
-    sandbox._etc_snapshot().chmod(0o777)
+    mounts._etc_snapshot().chmod(0o777)
     with pytest.raises(SandboxUnavailable, match="only it may write"):
         run(dirs, "true")
 
@@ -633,8 +636,9 @@ SERVICE = """
 import os, sys
 from pathlib import Path
 from infraops.experiments import sandbox
+from infraops.experiments.sandbox import launch
 if sys.argv[1] == "python-supervisor":
-    sandbox.SUPERVISOR_BINARY = Path("/nonexistent/supervisor")
+    launch.SUPERVISOR_BINARY = Path("/nonexistent/supervisor")
 work, out = Path(sys.argv[2]), Path(sys.argv[3])
 sandbox.sandbox_run(sandbox.SandboxSpec(
     command="sleep " + os.environ["MARKER"], workdir=work, out_dir=out, env={}))
@@ -685,7 +689,7 @@ def test_a_namespace_counts_as_ended_only_once_its_init_has_exited() -> None:
     # The shortcut that spares the post-run /proc scan; the containment tests above check
     # with their own scan that it never skips a leftover.
     init = subprocess.Popen(["sleep", MARKER])
-    namespace = sandbox._Namespace(
+    namespace = pid_namespace._Namespace(
         os.pidfd_open(init.pid), os.open(f"/proc/{init.pid}/ns/pid", os.O_RDONLY))
     try:
         assert not namespace.ended()
@@ -702,7 +706,7 @@ def test_a_namespace_counts_as_ended_only_once_its_init_has_exited() -> None:
 def test_sandbox_unavailable_when_bwrap_missing(
     dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/bwrap")
+    monkeypatch.setattr(launch, "BWRAP", "/nonexistent/bwrap")
     ran = dirs.base / "ran-unconfined"
     assert "bubblewrap (bwrap) is not installed" in (sandbox_check() or "")
     with pytest.raises(SandboxUnavailable, match="bwrap"):
@@ -713,7 +717,7 @@ def test_sandbox_unavailable_when_bwrap_missing(
 def test_sandbox_unavailable_when_bwrap_cannot_start_a_sandbox(
     dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sandbox, "BWRAP", "/bin/false")
+    monkeypatch.setattr(launch, "BWRAP", "/bin/false")
     problem = sandbox_check()
     assert problem is not None
     assert problem.startswith("The sandbox could not start")

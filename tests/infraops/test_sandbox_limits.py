@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,11 +31,16 @@ from infraops.experiments.sandbox import (
     SandboxMaxima,
     SandboxResult,
     SandboxSpec,
+    cgroups,
+    check,
+    disk,
+    launch,
     probe_limits,
     sandbox_check,
     sandbox_identity,
     sandbox_prepare_dir,
     sandbox_run,
+    uids,
 )
 from tests.infraops.conftest import Dirs, make_dirs
 
@@ -48,7 +54,7 @@ DEADLINE = 120.0
 def _controllers() -> set[str]:
     if shutil.which("bwrap") is None:
         return set()
-    groups = sandbox._Cgroups.make(SandboxLimits())
+    groups = cgroups._Cgroups.make(SandboxLimits())
     try:
         return groups.controllers
     finally:
@@ -86,7 +92,7 @@ def run(
 
 def my_cgroups() -> list[Path]:
     """The control groups of runs of this process still there."""
-    places = sandbox._cgroup_places()
+    places = cgroups._cgroup_places()
     folders = [*places.v1.values(), *([places.v2] if places.v2 is not None else [])]
     return [entry for folder in folders
             for entry in (folder / sandbox.CGROUP_FOLDER).glob(f"r{os.getpid()}-*")]
@@ -177,7 +183,8 @@ POOLED_BOMB_SERVICE = """
 import json, sys
 from pathlib import Path
 from infraops.experiments import sandbox
-sandbox._CGROUP_CONTROLLERS = ()  # a host with no usable control group
+from infraops.experiments.sandbox import cgroups
+cgroups._CGROUP_CONTROLLERS = ()  # a host with no usable control group
 work, out, wall, uids = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 first, _, last = uids.partition("-")
 pool = range(int(first), int(last) + 1) if uids != "none" else range(0)
@@ -207,8 +214,8 @@ def _uids(pool: range) -> str:
 def test_without_control_groups_a_fork_bomb_fails_another_run_only_when_they_share_a_uid(
     pool: range, dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sandbox, "_CGROUP_CONTROLLERS", ())
-    monkeypatch.setattr(sandbox, "_pids_groups_seen", False)
+    monkeypatch.setattr(cgroups, "_CGROUP_CONTROLLERS", ())
+    monkeypatch.setattr(uids, "_pids_groups_seen", False)
     bomb = make_dirs("infraops-limits-test-")
     try:
         (bomb.work / "bomb.py").write_text(BOMB)
@@ -246,8 +253,8 @@ def test_without_control_groups_a_fork_bomb_fails_another_run_only_when_they_sha
 def test_a_leased_uid_runs_nothing_left_from_an_earlier_holder_and_a_full_pool_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sandbox, "_CGROUP_CONTROLLERS", ())
-    monkeypatch.setattr(sandbox, "_pids_groups_seen", False)
+    monkeypatch.setattr(cgroups, "_CGROUP_CONTROLLERS", ())
+    monkeypatch.setattr(uids, "_pids_groups_seen", False)
     pool = range(UID_POOL.stop, UID_POOL.stop + 1)  # one uid
     left = subprocess.Popen(["sleep", "600"], user=pool.start, group=pool.start)
     try:
@@ -267,7 +274,7 @@ def test_a_leased_uid_runs_nothing_left_from_an_earlier_holder_and_a_full_pool_s
 def test_with_per_sandbox_control_groups_every_experiment_keeps_the_one_sandbox_uid(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sandbox, "_pids_groups_seen", True)
+    monkeypatch.setattr(uids, "_pids_groups_seen", True)
     expected = sandbox_identity() if IS_ROOT else None
     with sandbox.sandbox_identity_lease(UID_POOL) as identity:
         if expected is not None:
@@ -331,7 +338,7 @@ def test_a_deleted_file_still_held_open_counts_toward_the_disk_limit(dirs: Dirs)
 def test_a_run_that_wrote_past_the_disk_limit_before_a_check_still_fails_named(
     dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sandbox, "_DISK_CHECK_SECONDS", 3600.0)  # only the final check
+    monkeypatch.setattr(disk, "_DISK_CHECK_SECONDS", 3600.0)  # only the final check
     result = run(dirs, "head -c 40000000 /dev/zero > a; head -c 40000000 /dev/zero > b",
                  limits(file_size_mb=64, disk_mb=32))
     assert result.reason == "disk-limit", result.detail
@@ -390,11 +397,11 @@ def test_a_failed_check_is_retried_before_the_process_gives_up(
         tries.append(1)
         return answers[len(tries) - 1]
 
-    monkeypatch.setattr(sandbox, "BWRAP", "flaky-bwrap")
-    monkeypatch.setattr(sandbox, "_try_trivial_sandbox", flaky)
-    monkeypatch.setattr(sandbox, "_check_cache", {})
-    monkeypatch.setattr(sandbox, "_check_failures", {})
-    monkeypatch.setattr(sandbox, "CHECK_RETRY_DELAYS", (0.0, 0.0, 0.0, 0.0))
+    monkeypatch.setattr(launch, "BWRAP", "flaky-bwrap")
+    monkeypatch.setattr(check, "_try_trivial_sandbox", flaky)
+    monkeypatch.setattr(check, "_check_cache", {})
+    monkeypatch.setattr(check, "_check_failures", {})
+    monkeypatch.setattr(check, "CHECK_RETRY_DELAYS", (0.0, 0.0, 0.0, 0.0))
     assert sandbox_check() is None
     assert len(tries) == 3
     assert sandbox_check() is None  # a pass is kept
@@ -410,28 +417,41 @@ def test_a_check_that_keeps_failing_stands_for_a_while_then_is_tried_again(
         tries.append(1)
         return "A trivial sandboxed command failed: Resource temporarily unavailable."
 
-    monkeypatch.setattr(sandbox, "BWRAP", "broken-bwrap")
-    monkeypatch.setattr(sandbox, "_try_trivial_sandbox", broken)
-    monkeypatch.setattr(sandbox, "_check_cache", {})
-    monkeypatch.setattr(sandbox, "_check_failures", {})
-    monkeypatch.setattr(sandbox, "CHECK_RETRY_DELAYS", (0.0, 0.0))
+    monkeypatch.setattr(launch, "BWRAP", "broken-bwrap")
+    monkeypatch.setattr(check, "_try_trivial_sandbox", broken)
+    monkeypatch.setattr(check, "_check_cache", {})
+    monkeypatch.setattr(check, "_check_failures", {})
+    monkeypatch.setattr(check, "CHECK_RETRY_DELAYS", (0.0, 0.0))
     assert "temporarily unavailable" in (sandbox_check() or "")
     assert len(tries) == 3
     assert sandbox_check() is not None
     assert len(tries) == 3  # stands: no new tries
-    monkeypatch.setattr(sandbox, "CHECK_FAILURE_SECONDS", 0.0)
+    monkeypatch.setattr(check, "CHECK_FAILURE_SECONDS", 0.0)
     assert sandbox_check() is not None
     assert len(tries) == 6  # tried again, with its retries
 
 
 def test_a_missing_bwrap_is_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sandbox, "BWRAP", "/nonexistent/bwrap-for-limits-test")
-    monkeypatch.setattr(sandbox, "_check_cache", {})
-    monkeypatch.setattr(sandbox, "_check_failures", {})
+    monkeypatch.setattr(launch, "BWRAP", "/nonexistent/bwrap-for-limits-test")
+    monkeypatch.setattr(check, "_check_cache", {})
+    monkeypatch.setattr(check, "_check_failures", {})
     slept: list[float] = []
-    monkeypatch.setattr(sandbox.time, "sleep", slept.append)
+    monkeypatch.setattr(check.time, "sleep", slept.append)
     assert "not installed" in (sandbox_check() or "")
     assert slept == []
+
+
+def test_no_test_or_bench_patches_a_setting_where_the_code_does_not_read_it() -> None:
+    """The package re-exports these settings, but launch and check read their own: a patch of
+    the re-export would pass silently and change nothing."""
+    names = "BWRAP|SUPERVISOR_BINARY|CHECK_RETRY_DELAYS|CHECK_FAILURE_SECONDS"
+    stale = re.compile(rf'setattr\(\s*sandbox\s*,\s*"({names})"'
+                       rf"|\bsandbox\.({names})\s*=(?!=)|experiments\.sandbox\.({names})\b")
+    found = [f"{path.relative_to(ROOT)}:{number}"
+             for folder in ("tests", "bench") for path in sorted((ROOT / folder).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if stale.search(line)]
+    assert found == []
 
 
 # --------------------------------------------------------------------------- per-probe limits
@@ -510,9 +530,9 @@ def test_on_cgroup_v2_a_run_gets_one_group_with_its_process_and_memory_limits(
         f"30 25 0:26 / {mount} rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw\n")
     (own / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     (own / "cgroup.subtree_control").write_text("")
-    monkeypatch.setattr(sandbox, "_CGROUP_ROOT", proc)
+    monkeypatch.setattr(cgroups, "_CGROUP_ROOT", proc)
 
-    groups = sandbox._Cgroups.make(limits(processes=40, memory_mb=300))
+    groups = cgroups._Cgroups.make(limits(processes=40, memory_mb=300))
 
     assert groups.v1 == {}
     assert groups.v2 is not None and groups.v2.parent == own / sandbox.CGROUP_FOLDER
@@ -520,7 +540,7 @@ def test_on_cgroup_v2_a_run_gets_one_group_with_its_process_and_memory_limits(
     assert groups.notes == []
     for folder in (own, own / sandbox.CGROUP_FOLDER):  # handed down to the run's group
         assert (folder / "cgroup.subtree_control").read_text() == "+memory +pids"
-    assert (groups.v2 / "pids.max").read_text() == str(40 + sandbox._OVERHEAD_PROCESSES)
+    assert (groups.v2 / "pids.max").read_text() == str(40 + cgroups._OVERHEAD_PROCESSES)
     assert (groups.v2 / "memory.max").read_text() == str(300 << 20)
     assert (groups.v2 / "memory.swap.max").read_text() == "0"
     assert groups.join_files() == [str(groups.v2 / "cgroup.procs")]
@@ -551,9 +571,9 @@ def test_on_cgroup_v2_without_delegation_the_run_goes_on_without_groups_and_says
     (proc / "mountinfo").write_text(f"30 25 0:26 / {mount} rw - cgroup2 cgroup2 rw\n")
     (own / "cgroup.controllers").write_text("memory pids\n")
     (own / "cgroup.subtree_control").mkdir()  # writing it fails, as EBUSY would
-    monkeypatch.setattr(sandbox, "_CGROUP_ROOT", proc)
+    monkeypatch.setattr(cgroups, "_CGROUP_ROOT", proc)
 
-    groups = sandbox._Cgroups.make(limits())
+    groups = cgroups._Cgroups.make(limits())
 
     assert groups.v2 is None and groups.controllers == set()
     assert any(note.startswith(f"cgroup v2 at {own}:") for note in groups.notes), groups.notes
@@ -577,17 +597,17 @@ def test_on_cgroup_v2_a_delegated_group_holds_the_runs_when_the_workers_own_cann
     (own / "cgroup.subtree_control").mkdir()  # writing it fails, as EBUSY would
     (delegated / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     (delegated / "cgroup.subtree_control").write_text("")
-    monkeypatch.setattr(sandbox, "_CGROUP_ROOT", proc)
+    monkeypatch.setattr(cgroups, "_CGROUP_ROOT", proc)
     monkeypatch.setenv(sandbox.CGROUP_DELEGATED_ENV, str(delegated))
 
-    groups = sandbox._Cgroups.make(limits(memory_mb=300))
+    groups = cgroups._Cgroups.make(limits(memory_mb=300))
 
     assert groups.notes == [] and groups.controllers == {"pids", "memory", "cpuacct"}
     assert groups.v2 is not None and groups.v2.parent == delegated / sandbox.CGROUP_FOLDER
     assert (groups.v2 / "memory.max").read_text() == str(300 << 20)
     # A delegated group that is not there is said, and the run goes on without groups.
     monkeypatch.setenv(sandbox.CGROUP_DELEGATED_ENV, str(mount / "missing"))
-    groups = sandbox._Cgroups.make(limits())
+    groups = cgroups._Cgroups.make(limits())
     assert groups.v2_controllers <= {"cpuacct"} and "memory" not in groups.controllers
     assert any(note.startswith(f"{sandbox.CGROUP_DELEGATED_ENV}={mount / 'missing'}:")
                for note in groups.notes), groups.notes

@@ -1,6 +1,6 @@
 /*
- * The sandbox supervisor (see infraops/experiments/sandbox.py, _SUPERVISOR: this is the same program in C,
- * about 25 ms faster to start than the Python one). Runs as the service's direct child:
+ * The sandbox supervisor (supervisor.py beside it is the same program in Python; this one is
+ * about 25 ms faster to start). Runs as the service's direct child:
  * becomes a child subreaper so that bwrap's orphaned init is reaped here, applies the rlimits,
  * the sandbox identity (when started as root: no capability bounding set, no supplementary
  * groups, every uid and gid the sandbox's) and no_new_privs in its child, and exits with the
