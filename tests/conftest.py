@@ -7,9 +7,8 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import factory
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, User
@@ -17,42 +16,14 @@ from django.db import connections
 from django.db.backends.signals import connection_created
 
 from infraops import gitops
-from infraops.models import AcceptanceCriterion, Boundary, Goal, Target, TargetMembership
-from infraops.services.goals import goal_snapshot
-from infraops.services.targets import first_role, target_add_role_holders, target_register
+from infraops.models import Goal, Target, TargetMembership
+from infraops.services.targets import target_add_role_holders, target_register
+from tests.factories import GoalFactory
+from tests.factories import UserFactory as UserFactory  # re-exported: imported from here too
 
 EXAMPLE = Path(settings.BASE_DIR) / "examples" / "tiny-serving"
 DEMO = Path(settings.BASE_DIR) / "examples" / "demo-kernels"
 CASE_MANIFESTS = Path(settings.BASE_DIR) / "examples" / "cases"
-
-
-class UserFactory(factory.django.DjangoModelFactory[User]):
-    class Meta:
-        model = User
-        skip_postgeneration_save = True
-
-    username = factory.Sequence(lambda n: f"user{n}")
-    password = factory.PostGenerationMethodCall("set_password", "correct horse battery")
-
-    @factory.post_generation
-    def roles(self, create: bool, extracted: Any, **kwargs: Any) -> None:
-        for role in extracted or ():
-            # get_or_create: a transactional test's flush removes the migration's groups.
-            self.groups.add(Group.objects.get_or_create(name=role)[0])
-        self.is_staff = "engineer" in (extracted or ())
-        self.save()
-
-    @factory.post_generation
-    def member_of(self, create: bool, extracted: Any, **kwargs: Any) -> None:
-        """The targets the user is a member of, in their first role: by default every target
-        that exists (so tests about roles keep the one-team world they were written in);
-        `member_of=[]` for none, or a list of targets."""
-        role = first_role(cast(User, self))
-        targets = Target.objects.all() if extracted is None else extracted
-        if role is not None:
-            for target in targets:
-                TargetMembership.objects.get_or_create(target=target, user=self,
-                                                       defaults={"role": role})
 
 
 def member(user: User, target: Target, role: str) -> User:
@@ -94,6 +65,17 @@ def leases_inside_the_test_transaction(request: pytest.FixtureRequest,
         from infraops.experiments import services as experiments
 
         monkeypatch.setattr(experiments, "RENEW_EVERY", 24 * 3600.0)
+
+
+@pytest.fixture
+def fast_password_hashing(settings: Any) -> None:
+    """MD5 for the passwords of the users a test makes: the default hasher costs ~0.2 s each.
+
+    Opt-in (`pytestmark = pytest.mark.usefixtures("fast_password_hashing")`), not autouse:
+    the e2e tests (tests/e2e, the e2e-marked ones in tests/infraops) make their users here
+    and sign them in through web processes of their own, which read the real settings and
+    cannot check an MD5 hash."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
@@ -163,14 +145,13 @@ def example_target(db: None, tmp_path: Path) -> Target:
 
 @pytest.fixture
 def example_goal(example_target: Target, engineer: User) -> Goal:
-    goal = Goal.objects.create(target=example_target, name="latency", probe="latency-bench",
-                               metric="latency_ms", direction="minimize", relative_target=0.1,
-                               owner=engineer)
-    Boundary.objects.create(goal=goal, editable_paths="config/**", max_experiments=8)
-    AcceptanceCriterion.objects.create(goal=goal, kind="relative", probe="latency-bench",
-                                       metric="latency_ms", comparison="<=", value=-0.05)
-    goal_snapshot(goal=goal, user=engineer)
-    return goal
+    return GoalFactory.create(
+        target=example_target, name="latency", probe="latency-bench", metric="latency_ms",
+        direction="minimize", relative_target=0.1, owner=engineer,
+        boundary__editable_paths="config/**", boundary__max_experiments=8,
+        criteria=[{"kind": "relative", "probe": "latency-bench", "metric": "latency_ms",
+                   "comparison": "<=", "value": -0.05}],
+        snapshot_by=engineer)
 
 
 @pytest.hookimpl(trylast=True)

@@ -9,8 +9,8 @@ import pytest
 from django.contrib.auth.models import User
 
 from agents.scripted.endpoint import OpenAIStub
-from infraops.models import AcceptanceCriterion, Boundary, Goal, Target
-from infraops.services.goals import goal_snapshot
+from infraops.models import Goal, Target
+from tests.factories import LATENCY_CRITERION, GoalFactory
 
 API_KEY = "sk-test-live-key-0123456789"
 SECRET = "db-password-sentinel-42"
@@ -29,13 +29,10 @@ def stub(settings: Any) -> Iterator[OpenAIStub]:
 @pytest.fixture
 def llm_goal(example_target: Target, engineer: User) -> Callable[..., Goal]:
     def make(**boundary: Any) -> Goal:
-        goal = Goal.objects.create(target=example_target, name="llm latency",
-                                   probe="latency-bench", metric="latency_ms",
-                                   direction="minimize", policy=Goal.Policy.LLM, owner=engineer)
-        Boundary.objects.create(goal=goal, editable_paths="config/**", **boundary)
-        AcceptanceCriterion.objects.create(goal=goal, kind="relative", probe="latency-bench",
-                                           metric="latency_ms", comparison="<=", value=-0.05)
-        goal_snapshot(goal=goal, user=engineer)
-        return goal
+        return GoalFactory.create(
+            target=example_target, name="llm latency", probe="latency-bench",
+            metric="latency_ms", direction="minimize", policy=Goal.Policy.LLM, owner=engineer,
+            boundary={"editable_paths": "config/**", **boundary}, criteria=[LATENCY_CRITERION],
+            snapshot_by=engineer)
 
     return make

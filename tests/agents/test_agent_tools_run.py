@@ -19,11 +19,11 @@ from agents.models import AgentRun, Step
 from agents.scripted.agent import Script, ScriptedAgent, Turn, call
 from agents.scripted.endpoint import OpenAIStub
 from agents.services import run_start
-from infraops.models import Boundary, Experiment, Goal, Target
-from infraops.services.goals import goal_snapshot
+from infraops.models import Experiment, Goal, Target
 from infraops.services.targets import target_register
 from tests.agents.test_llm_runs import step
 from tests.conftest import case_source, make_origin, members_of_new_target
+from tests.factories import GoalFactory
 
 NEW_TOOLS = {"list_probes", "probe_error", "compare_experiments", "case_detail", "span_summary"}
 
@@ -35,11 +35,9 @@ def case_goal(db: None, tmp_path: Path, engineer: User, stub: OpenAIStub
         origin = make_origin(tmp_path, case_source(tmp_path, case), f"{case}.git")
         target: Target = members_of_new_target(
             target_register(name=case, repo_url=str(origin), base_branch="main"))
-        goal = Goal.objects.create(target=target, name=f"{case} agent", probe=probe,
-                                   metric=metric, policy=Goal.Policy.LLM, owner=engineer)
-        Boundary.objects.create(goal=goal, editable_paths=editable)
-        goal_snapshot(goal=goal, user=engineer)
-        return goal
+        return GoalFactory.create(target=target, name=f"{case} agent", probe=probe,
+                                  metric=metric, policy=Goal.Policy.LLM, owner=engineer,
+                                  boundary__editable_paths=editable, snapshot_by=engineer)
 
     return make
 

@@ -28,7 +28,7 @@ from agents.models import AgentRun
 from infraops.models import Goal
 from infraops.project.asgi import application
 from tests.agents.live_stream import append_lines, database_transcript, frame_rows
-from tests.conftest import UserFactory
+from tests.factories import AgentRunFactory, UserFactory
 
 pytestmark = [pytest.mark.django_db(transaction=True),
               pytest.mark.usefixtures("close_thread_connections")]
@@ -58,12 +58,7 @@ def seqs(html: str) -> list[int]:
 
 @pytest.fixture
 def run(example_goal: Goal, engineer: User) -> AgentRun:
-    target = example_goal.target
-    made = AgentRun.objects.create(
-        goal_version=example_goal.versions.latest("number"), target=target,
-        policy=example_goal.policy, started_by=engineer, base_commit=target.manifest_commit,
-        manifest_sha256=target.manifest_sha256,
-    )
+    made = AgentRunFactory.create(goal=example_goal, started_by=engineer)
     for message in ("Run started.", "Step 1: batch_size 4.", "<script>alert(1)</script>"):
         run_event(run_id=made.pk, kind="status", message=message)
     return made

@@ -20,21 +20,19 @@ from infraops.live import notify
 from infraops.models import Experiment, Goal
 from infraops.project.asgi import application
 from reviews.models import Change
-from tests.agents.test_pages import make_run
-from tests.conftest import UserFactory
+from tests.factories import AgentRunFactory, ChangeFactory, ExperimentFactory, UserFactory
 from tests.reviews.test_queue import TIMEOUT, run_async, session_headers
 
 
 def merged(goal: Goal, n: int, base: float, head: float) -> Change:
     summary = {"comparisons": [{"probe": goal.probe, "metric": goal.metric, "unit": "ms",
                                 "baseline_median": base, "candidate_median": head}]}
-    experiment = Experiment.objects.create(
+    experiment = ExperimentFactory.create(
         target=goal.target, candidate_commit=f"{n}" * 40, baseline_commit="a" * 40,
         status=Experiment.Status.SUCCEEDED, summary=summary)
-    return Change.objects.create(
-        target=goal.target, goal=goal, experiment=experiment, title=f"change {n}",
-        hypothesis="h", base_commit="a" * 40, head_commit=f"{n}" * 40, diff="",
-        diff_sha256="c" * 64, status=Change.Status.MERGED,
+    return ChangeFactory.create(
+        goal=goal, experiment=experiment, title=f"change {n}", base_commit="a" * 40,
+        head_commit=f"{n}" * 40, diff="", status=Change.Status.MERGED,
         merged_at=timezone.now() + timedelta(minutes=n))
 
 
@@ -44,7 +42,8 @@ def test_a_goal_shows_how_far_its_merged_changes_moved_the_metric(
     Goal.objects.filter(pk=example_goal.pk).update(relative_target=0.2)
     merged(example_goal, 2, 9.0, 8.5)
     merged(example_goal, 1, 10.0, 9.0)
-    make_run(example_goal, engineer, status=AgentRun.Status.RUNNING)
+    AgentRunFactory.create(goal=example_goal, started_by=engineer,
+                           status=AgentRun.Status.RUNNING)
 
     [progress] = goal_progress(None)
 
@@ -74,7 +73,8 @@ live = pytest.mark.django_db(transaction=True)
 @live
 def test_the_socket_re_renders_the_runs_as_a_run_moves_and_follows_new_runs(
         close_thread_connections: None, engineer: User, example_goal: Goal) -> None:
-    running = make_run(example_goal, engineer, status=AgentRun.Status.RUNNING, step_count=1)
+    running = AgentRunFactory.create(goal=example_goal, started_by=engineer,
+                                     status=AgentRun.Status.RUNNING, step_count=1)
     headers = session_headers(engineer)
 
     def step() -> None:
@@ -82,7 +82,8 @@ def test_the_socket_re_renders_the_runs_as_a_run_moves_and_follows_new_runs(
         run_event(run_id=running.pk, kind="step", message="step 2")
 
     def start_another() -> AgentRun:
-        run = make_run(example_goal, engineer, status=AgentRun.Status.RUNNING, step_count=0)
+        run = AgentRunFactory.create(goal=example_goal, started_by=engineer,
+                                     status=AgentRun.Status.RUNNING, step_count=0)
         notify(RUNS_GROUP, {"type": "runs.started"})
         return run
 
@@ -115,7 +116,8 @@ def test_the_socket_re_renders_the_runs_as_a_run_moves_and_follows_new_runs(
 @live
 def test_a_viewer_of_another_target_gets_nothing_of_its_runs(
         close_thread_connections: None, engineer: User, example_goal: Goal) -> None:
-    make_run(example_goal, engineer, status=AgentRun.Status.RUNNING, step_count=3)
+    AgentRunFactory.create(goal=example_goal, started_by=engineer,
+                           status=AgentRun.Status.RUNNING, step_count=3)
     headers = session_headers(UserFactory.create(username="otto", roles=["viewer"],
                                                  member_of=[]))
 

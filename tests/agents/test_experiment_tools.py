@@ -19,10 +19,10 @@ from agents.policies.shared import boundary
 from agents.tools import REGISTRY, ToolContext, ToolResult, tool_call
 from infraops import gitops
 from infraops.experiments.services import experiment_execute, experiment_request
-from infraops.models import AcceptanceCriterion, Boundary, Experiment, Goal, Target
-from infraops.services.goals import goal_snapshot
+from infraops.models import Experiment, Goal, Target
 from infraops.services.targets import target_register
 from tests.conftest import make_origin, members_of_new_target
+from tests.factories import AgentRunFactory, GoalFactory
 
 TOOLS = ("probe_error", "list_probes", "compare_experiments", "case_detail", "span_summary")
 
@@ -155,17 +155,15 @@ def lab(db: None, tmp_path: Path) -> Target:
 
 @pytest.fixture
 def run(lab: Target, engineer: User) -> AgentRun:
-    goal = Goal.objects.create(target=lab, name="faster", probe="pipeline", metric="step_ms",
-                               policy=Goal.Policy.LLM, owner=engineer)
-    Boundary.objects.create(goal=goal, editable_paths="lib/**")
-    AcceptanceCriterion.objects.create(goal=goal, kind="relative", probe="pipeline",
-                                       metric="step_ms", comparison="<=", value=0.05,
-                                       name="step within 5%")
-    version = goal_snapshot(goal=goal, user=engineer)
-    # Made directly: run_start would queue its first step through the broker.
-    return AgentRun.objects.create(goal_version=version, target=lab, policy="llm",
-                                   started_by=engineer, base_commit=lab.manifest_commit,
-                                   manifest_sha256=lab.manifest_sha256)
+    goal = GoalFactory.create(
+        target=lab, name="faster", probe="pipeline", metric="step_ms", policy=Goal.Policy.LLM,
+        owner=engineer, boundary__editable_paths="lib/**",
+        criteria=[{"kind": "relative", "probe": "pipeline", "metric": "step_ms",
+                   "comparison": "<=", "value": 0.05, "name": "step within 5%"}],
+        snapshot_by=engineer)
+    # Made directly: run_start would queue its first step through the broker. Target, policy
+    # ("llm"), base commit and manifest hash are the goal's and the lab's.
+    return AgentRunFactory.create(goal=goal, started_by=engineer)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from agents.events import run_event
 from agents.models import AgentRun
 from infraops.models import Goal
 from tests.agents.live_stream import frame_rows
+from tests.factories import AgentRunFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -27,10 +28,7 @@ def consumer_of(user: User, run: AgentRun) -> RunConsumer:
 
 @pytest.fixture
 def run(example_goal: Goal, engineer: User) -> AgentRun:
-    made = AgentRun.objects.create(
-        goal_version=example_goal.versions.latest("number"), target=example_goal.target,
-        policy="tuner", started_by=engineer, base_commit=example_goal.target.manifest_commit,
-        manifest_sha256=example_goal.target.manifest_sha256)
+    made = AgentRunFactory.create(goal=example_goal, started_by=engineer)
     for n in range(3):
         run_event(run_id=made.pk, kind="status", message=f"line {n}")
     return made

@@ -12,10 +12,10 @@ from django.test import Client
 from django.utils import timezone
 
 from agents.goals import evolution
-from agents.models import AgentRun
 from infraops.models import Experiment, Goal
 from infraops.services.goals import goal_snapshot, spec_changes
 from reviews.models import Change
+from tests.factories import AgentRunFactory, ChangeFactory, ExperimentFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -25,15 +25,14 @@ def merged_change(goal: Goal, n: int, base: float, head: float, ci: tuple[float,
     comparison = {"probe": goal.probe, "metric": goal.metric, "variant": "", "case": "",
                   "unit": "ms", "baseline_median": base, "candidate_median": head,
                   "ratio": head / base, "ci_low": ci[0], "ci_high": ci[1]}
-    experiment = Experiment.objects.create(
+    experiment = ExperimentFactory.create(
         target=goal.target, candidate_commit=f"{n}" * 40, baseline_commit="a" * 40,
         status=Experiment.Status.SUCCEEDED,
         feedback={"findings": [{"title": f"{goal.probe} {goal.metric} improved",
                                 "evidence": {"comparison": comparison}}]})
-    return Change.objects.create(
-        target=goal.target, goal=goal, experiment=experiment, title=f"change {n}",
-        hypothesis="h", base_commit="a" * 40, head_commit=f"{n}" * 40, diff="",
-        diff_sha256="c" * 64, status=Change.Status.MERGED,
+    return ChangeFactory.create(
+        goal=goal, experiment=experiment, title=f"change {n}", base_commit="a" * 40,
+        head_commit=f"{n}" * 40, diff="", status=Change.Status.MERGED,
         merged_at=timezone.now() + timedelta(minutes=n), **extra)
 
 
@@ -41,9 +40,7 @@ def test_the_evolution_is_the_base_then_each_merged_change_in_merge_order(
         example_goal: Goal) -> None:
     second = merged_change(example_goal, 2, 9.0, 8.1, (0.88, 0.92))
     first = merged_change(example_goal, 1, 10.0, 9.0, (0.85, 0.95))
-    Change.objects.create(target=example_goal.target, goal=example_goal, title="pending",
-                          hypothesis="h", base_commit="a" * 40, head_commit="b" * 40, diff="",
-                          diff_sha256="c" * 64)  # not merged: not a version
+    ChangeFactory.create(goal=example_goal, title="pending")  # not merged: not a version
 
     points = evolution(example_goal)
 
@@ -108,9 +105,8 @@ def test_an_experiment_page_links_its_runs_and_the_change_it_is_the_evidence_of(
     change = merged_change(example_goal, 1, 10.0, 9.0, (0.85, 0.95))
     experiment = change.experiment
     assert experiment is not None
-    run = AgentRun.objects.create(
-        goal_version=example_goal.versions.latest("number"), target=example_goal.target,
-        policy="tuner", started_by=engineer, base_commit="a" * 40, manifest_sha256="b" * 64)
+    run = AgentRunFactory.create(goal=example_goal, started_by=engineer,
+                                 base_commit="a" * 40, manifest_sha256="b" * 64)
     run.experiments.add(experiment)
     client.force_login(engineer)
 

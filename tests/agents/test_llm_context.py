@@ -15,6 +15,7 @@ from agents.policies.shared import ensure_worktree
 from agents.scripted.endpoint import OpenAIStub
 from agents.services import run_start
 from infraops.models import Experiment, Goal
+from tests.factories import ExperimentFactory
 
 
 def started(llm_goal: Callable[..., Goal], engineer: User, capture: Any) -> AgentRun:
@@ -45,7 +46,7 @@ def test_older_steps_keep_their_tool_verdict_and_experiment(
     django_capture_on_commit_callbacks: Any,
 ) -> None:
     run = started(llm_goal, engineer, django_capture_on_commit_callbacks)
-    experiment = Experiment.objects.create(
+    experiment = ExperimentFactory.create(
         target=run.target, candidate_commit="a" * 40, baseline_commit=run.base_commit,
         status=Experiment.Status.SUCCEEDED, feedback={"verdict": "latency improved 1.18x"})
     add_step(run, 1, tool="run_experiment", verdict="run_experiment ok", experiment=experiment)

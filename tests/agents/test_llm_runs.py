@@ -21,10 +21,10 @@ from agents.scripted.endpoint import OpenAIStub, completion, malformed, rate_lim
 from agents.services import hypothesis_add, run_message_add, run_start, run_step
 from infraops import gitops
 from infraops.experiments.services import experiment_execute
-from infraops.models import Boundary, Experiment, Goal, Target
-from infraops.services.goals import goal_snapshot
+from infraops.models import Experiment, Goal, Target
 from reviews.models import Change
 from tests.agents.conftest import API_KEY, SECRET
+from tests.factories import AgentRunFactory, GoalFactory
 
 
 def call(name: str, **arguments: Any) -> tuple[str, str]:
@@ -485,14 +485,12 @@ def test_pause_during_a_slow_model_call_takes_effect_at_once_and_the_reply_is_no
     from agents.scripted.endpoint import StubReply
     from agents.services import run_pause
 
-    goal = Goal.objects.create(target=example_target, name="slow", probe="latency-bench",
-                               metric="latency_ms", policy=Goal.Policy.LLM, owner=engineer)
-    Boundary.objects.create(goal=goal, editable_paths="config/**")
-    version = goal_snapshot(goal=goal, user=engineer)
-    # Made directly: run_start would queue its first step through the broker.
-    run = AgentRun.objects.create(goal_version=version, target=example_target, policy="llm",
-                                  started_by=engineer, base_commit=example_target.manifest_commit,
-                                  manifest_sha256=example_target.manifest_sha256)
+    goal = GoalFactory.create(target=example_target, name="slow", probe="latency-bench",
+                              metric="latency_ms", policy=Goal.Policy.LLM, owner=engineer,
+                              boundary__editable_paths="config/**", snapshot_by=engineer)
+    # Made directly: run_start would queue its first step through the broker. Target, policy
+    # ("llm"), base commit and manifest hash are the goal's and the example target's.
+    run = AgentRunFactory.create(goal=goal, started_by=engineer)
     slow = completion(tool_calls=[call("list_files")])
     with OpenAIStub([StubReply(body=slow.body, delay=2.0)]) as server:
         settings.OPENAI_BASE_URL, settings.INFRAOPS_MODEL = server.base_url, "stub-model"

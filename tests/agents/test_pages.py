@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.conf import settings
@@ -18,20 +17,9 @@ from django.utils import timezone
 
 from agents.models import AgentRun
 from infraops.models import Goal
+from tests.factories import AgentRunFactory
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-def make_run(goal: Goal, user: User, **fields: Any) -> AgentRun:
-    return AgentRun.objects.create(
-        goal_version=goal.versions.latest("number"), target=goal.target, policy="tuner",
-        started_by=user, base_commit=goal.target.manifest_commit,
-        manifest_sha256=goal.target.manifest_sha256, **fields)
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hashing")]
 
 
 def cells(page: str, label: str) -> list[str]:
@@ -42,11 +30,13 @@ def cells(page: str, label: str) -> list[str]:
 def test_the_dashboard_says_when_how_long_how_far_and_how_it_ended(
         client: Client, engineer: User, example_goal: Goal) -> None:
     started = timezone.now() - timedelta(minutes=7, seconds=5)
-    done = make_run(example_goal, engineer, status=AgentRun.Status.FINISHED, step_count=12,
-                    stop_reason="finished: nothing beat the base",
-                    finished_at=started + timedelta(minutes=3, seconds=12))
+    done = AgentRunFactory.create(goal=example_goal, started_by=engineer,
+                                  status=AgentRun.Status.FINISHED, step_count=12,
+                                  stop_reason="finished: nothing beat the base",
+                                  finished_at=started + timedelta(minutes=3, seconds=12))
     AgentRun.objects.filter(pk=done.pk).update(created_at=started)
-    running = make_run(example_goal, engineer, status=AgentRun.Status.RUNNING, step_count=5)
+    running = AgentRunFactory.create(goal=example_goal, started_by=engineer,
+                                     status=AgentRun.Status.RUNNING, step_count=5)
     AgentRun.objects.filter(pk=running.pk).update(created_at=timezone.now() - timedelta(hours=2))
     client.force_login(engineer)
 
@@ -63,8 +53,10 @@ def test_the_dashboard_says_when_how_long_how_far_and_how_it_ended(
 
 def test_the_target_page_shows_the_boundary_and_the_runs(
         client: Client, engineer: User, example_goal: Goal) -> None:
-    run = make_run(example_goal, engineer, status=AgentRun.Status.FAILED,
-                   stop_reason="failed: the probe crashed", finished_at=timezone.now())
+    run = AgentRunFactory.create(goal=example_goal, started_by=engineer,
+                                 status=AgentRun.Status.FAILED,
+                                 stop_reason="failed: the probe crashed",
+                                 finished_at=timezone.now())
     client.force_login(engineer)
 
     page = client.get(f"/targets/{example_goal.target.name}/").content.decode()
@@ -79,7 +71,8 @@ def test_the_target_page_shows_the_boundary_and_the_runs(
 
 def test_a_second_run_on_a_goal_is_started_knowingly(
         client: Client, engineer: User, example_goal: Goal) -> None:
-    active = make_run(example_goal, engineer, status=AgentRun.Status.PAUSED)
+    active = AgentRunFactory.create(goal=example_goal, started_by=engineer,
+                                    status=AgentRun.Status.PAUSED)
     client.force_login(engineer)
 
     page = client.get(f"/targets/{example_goal.target.name}/").content.decode()
@@ -115,8 +108,10 @@ def test_every_colour_follows_the_scheme() -> None:
 def test_starting_a_second_run_says_which_one_is_active(
         client: Client, engineer: User, example_goal: Goal,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    active = make_run(example_goal, engineer, status=AgentRun.Status.RUNNING)
-    second = make_run(example_goal, engineer, status=AgentRun.Status.RUNNING)
+    active = AgentRunFactory.create(goal=example_goal, started_by=engineer,
+                                    status=AgentRun.Status.RUNNING)
+    second = AgentRunFactory.create(goal=example_goal, started_by=engineer,
+                                    status=AgentRun.Status.RUNNING)
     # The view's part: what it says around the start (the start itself: tests of services).
     monkeypatch.setattr("agents.views.services.run_start", lambda **_: second)
     client.force_login(engineer)

@@ -12,7 +12,8 @@ from django.utils import timezone
 from agents import tasks
 from agents.models import AgentRun, RunEvent
 from agents.services import run_start, runs_reap
-from infraops.models import Experiment, Goal
+from infraops.models import Goal
+from tests.factories import ExperimentFactory
 
 
 def started(goal: Goal, user: User, capture: Any) -> AgentRun:
@@ -43,8 +44,8 @@ def test_the_reaper_requeues_only_running_runs_that_stalled_without_waiting(
     waiting = started(example_goal, engineer, django_capture_on_commit_callbacks)
     long_ago = timezone.now() - timedelta(minutes=30)
     RunEvent.objects.filter(run__in=[stalled, waiting]).update(created_at=long_ago)
-    experiment = Experiment.objects.create(target=waiting.target, candidate_commit="a" * 40,
-                                           baseline_commit="b" * 40)
+    experiment = ExperimentFactory.create(target=waiting.target, candidate_commit="a" * 40,
+                                          baseline_commit="b" * 40)
     AgentRun.objects.filter(pk=waiting.pk).update(waiting_for=experiment)
 
     with django_capture_on_commit_callbacks(execute=False) as callbacks:

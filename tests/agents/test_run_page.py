@@ -23,31 +23,23 @@ from agents.events import run_event
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
 from agents.views import _worker_warning
 from infraops.models import Experiment, Goal
+from tests.factories import AgentRunFactory, ExperimentFactory
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hashing")]
 
 
 @pytest.fixture
 def run(example_goal: Goal, engineer: User) -> AgentRun:
-    target = example_goal.target
-    made = AgentRun.objects.create(
-        goal_version=example_goal.versions.latest("number"), target=target, policy="llm",
-        started_by=engineer, base_commit=target.manifest_commit,
-        manifest_sha256=target.manifest_sha256,
-    )
+    # An LLM run of the (tuner) example goal: the page shows its steps' tool calls.
+    made = AgentRunFactory.create(goal=example_goal, started_by=engineer, policy="llm")
     run_event(run_id=made.pk, kind="status", message="Run started.")
     return made
 
 
 @pytest.fixture
 def experiment(run: AgentRun) -> Experiment:
-    return Experiment.objects.create(target=run.target, candidate_commit="c" * 40,
-                                     baseline_commit="b" * 40, probes=["latency-bench"])
+    return ExperimentFactory.create(target=run.target, candidate_commit="c" * 40,
+                                    baseline_commit="b" * 40, probes=["latency-bench"])
 
 
 @pytest.fixture
@@ -536,12 +528,12 @@ def test_the_experiments_table_shows_each_experiment_of_the_run(
     Step.objects.create(run=run, number=2, summary="Asked for it.", experiment=experiment)
     Step.objects.create(run=run, number=3, summary="Read it.", experiment=experiment)
     # One a step names without the run's link, and one of another run: not on this page.
-    named = Experiment.objects.create(target=run.target, candidate_commit="d" * 40,
-                                      baseline_commit="b" * 40, status="running",
-                                      started_at=timezone.now())
+    named = ExperimentFactory.create(target=run.target, candidate_commit="d" * 40,
+                                     baseline_commit="b" * 40, status="running",
+                                     started_at=timezone.now())
     Step.objects.create(run=run, number=4, summary="Tried fp16 <quickly>.", experiment=named)
-    other = Experiment.objects.create(target=run.target, candidate_commit="e" * 40,
-                                      baseline_commit="b" * 40)
+    other = ExperimentFactory.create(target=run.target, candidate_commit="e" * 40,
+                                     baseline_commit="b" * 40)
 
     rows = experiments_table(page(viewer_client, run))
 
@@ -598,7 +590,7 @@ def test_the_page_reads_a_fixed_number_of_queries_however_many_experiments(
 ) -> None:
     def add_experiments(first: int, count: int) -> None:
         for number in range(first, first + count):
-            made = Experiment.objects.create(
+            made = ExperimentFactory.create(
                 target=run.target, candidate_commit="c" * 40, baseline_commit="b" * 40,
                 status="succeeded", summary={"comparisons": [comparison(9.0 + number, 10.0)]})
             run.experiments.add(made)

@@ -22,15 +22,12 @@ from infraops.models import AuditEntry, Goal
 from infraops.services.goals import goal_snapshot
 from infraops.services.targets import target_register
 from tests.conftest import make_origin, members_of_new_target
+from tests.factories import GoalFactory
 
 Sent = Callable[[], list[tuple[str, list[Any]]]]
 
-pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
+              pytest.mark.usefixtures("fast_password_hashing")]
 
 
 @pytest.fixture
@@ -102,8 +99,8 @@ def test_a_target_without_knobs_cannot_start_a_tuner_run(
     target = members_of_new_target(target_register(
         name="no-knobs", base_branch="main",
         repo_url=str(make_origin(tmp_path, example_source, "bare.git"))))
-    goal = Goal.objects.create(target=target, name="g", probe="latency-bench",
-                               metric="latency_ms")
+    goal = GoalFactory.create(target=target, name="g", probe="latency-bench",
+                              metric="latency_ms")
 
     with pytest.raises(DomainError, match="declares no \\[\\[knob\\]\\]"):
         services.run_start(goal=goal, user=engineer)

@@ -20,6 +20,7 @@ from agents.services import run_message_add, run_pause, run_start, run_step
 from infraops import gitops
 from infraops.models import Experiment, Goal
 from tests.agents.test_llm_runs import call, step
+from tests.factories import ExperimentFactory
 
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
 
@@ -171,7 +172,7 @@ def test_a_reply_dropped_by_a_pause_still_counts_its_tokens(
 
 def fake_experiment(run: AgentRun, findings: list[dict[str, Any]], probes: list[str],
                     status: str = Experiment.Status.SUCCEEDED) -> Experiment:
-    experiment = Experiment.objects.create(
+    experiment = ExperimentFactory.create(
         target=run.target, candidate_commit="a" * 40, baseline_commit=run.base_commit,
         status=status, probes=probes, feedback={"findings": findings})
     run.experiments.add(experiment)

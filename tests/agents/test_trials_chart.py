@@ -14,7 +14,8 @@ from agents.charts import progress_svg, trial_points, trials_svg
 from agents.consumers import RunConsumer
 from agents.models import AgentRun, Step
 from agents.templatetags.agent_runs import run_experiments
-from infraops.models import Experiment, Goal
+from infraops.models import Goal
+from tests.factories import AgentRunFactory, ExperimentFactory
 
 TRIALS = [{"number": 1, "params": {"batch_size": "8"}, "objective": 0.95},
           {"number": 2, "params": {"batch_size": "16"}, "failed": True},
@@ -53,11 +54,8 @@ def test_the_chart_and_the_budget_are_live_parts_of_the_run_page() -> None:
 @pytest.mark.django_db
 def test_the_run_page_draws_the_trials_and_the_budget_bars(
         client: Client, engineer: User, example_goal: Goal, settings: Any) -> None:
-    run = AgentRun.objects.create(
-        goal_version=example_goal.versions.latest("number"), target=example_goal.target,
-        policy="tuner", started_by=engineer, base_commit=example_goal.target.manifest_commit,
-        manifest_sha256=example_goal.target.manifest_sha256, step_count=6, experiment_count=3,
-        state={"trials": TRIALS})
+    run = AgentRunFactory.create(goal=example_goal, started_by=engineer, policy="tuner",
+                                 step_count=6, experiment_count=3, state={"trials": TRIALS})
     client.force_login(engineer)
     page = client.get(f"/runs/{run.pk}/").content.decode()
     assert '<section id="run-trials"><h2>Trials</h2>' in re.sub(r"\s*\n\s*", "", page)
@@ -103,14 +101,12 @@ def summary(candidate: float, baseline: float, metric: str = "latency_ms") -> di
 
 def llm_run(goal: Goal, engineer: User, *experiments: tuple[str, dict[str, Any]]) -> AgentRun:
     """An LLM run with an experiment (status, summary) a step, in the order given."""
-    run = AgentRun.objects.create(
-        goal_version=goal.versions.latest("number"), target=goal.target, policy="llm",
-        started_by=engineer, base_commit=goal.target.manifest_commit,
-        manifest_sha256=goal.target.manifest_sha256, state={"hypothesis": None})
+    run = AgentRunFactory.create(goal=goal, started_by=engineer, policy="llm",
+                                 state={"hypothesis": None})
     for number, (status, measured) in enumerate(experiments, 1):
-        made = Experiment.objects.create(target=goal.target, candidate_commit="c" * 40,
-                                         baseline_commit="b" * 40, status=status,
-                                         summary=measured)
+        made = ExperimentFactory.create(target=goal.target, candidate_commit="c" * 40,
+                                        baseline_commit="b" * 40, status=status,
+                                        summary=measured)
         run.experiments.add(made)
         Step.objects.create(run=run, number=number, summary="s", experiment=made)
     return run

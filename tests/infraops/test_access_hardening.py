@@ -33,6 +33,7 @@ from infraops.models import AuditEntry, Boundary, Goal, Target
 from infraops.project import login as throttle
 from infraops.project.asgi import application, origin_allowed
 from infraops.services.audit import audit_record
+from tests.factories import AgentRunFactory
 
 TIMEOUT = 15  # generous: a first socket of a session warms templates and connections
 CLOSE_WITHIN = 5  # seconds from logout or role removal to the close
@@ -57,12 +58,7 @@ def seqs(html: str) -> list[int]:
 
 @pytest.fixture
 def run(example_goal: Goal, engineer: User, close_thread_connections: None) -> AgentRun:
-    target = example_goal.target
-    made = AgentRun.objects.create(
-        goal_version=example_goal.versions.latest("number"), target=target,
-        policy=example_goal.policy, started_by=engineer, base_commit=target.manifest_commit,
-        manifest_sha256=target.manifest_sha256,
-    )
+    made = AgentRunFactory.create(goal=example_goal, started_by=engineer)
     for message in ("Run started.", "Step 1: batch_size 4."):
         run_event(run_id=made.pk, kind="status", message=message)
     return made
@@ -474,11 +470,6 @@ def test_a_page_that_could_not_fetch_is_not_sent_the_fetch_frame_again(
 
 
 # --- 5. the sign-in throttle -----------------------------------------------------------------
-
-
-@pytest.fixture
-def fast_password_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

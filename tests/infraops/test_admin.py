@@ -6,7 +6,6 @@ import html
 import re
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -16,10 +15,7 @@ from infraops.models import AcceptanceCriterion, Boundary, Goal, GoalVersion, Ta
 from infraops.services.goals import goal_snapshot
 from tests.conftest import make_origin
 
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+pytestmark = pytest.mark.usefixtures("fast_password_hashing")
 
 
 class FormFields(HTMLParser):

@@ -9,17 +9,19 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from agents.models import AgentRun
-from infraops.models import AcceptanceCriterion, AuditEntry, Boundary, Experiment, Goal, Target
+from infraops.models import AcceptanceCriterion, AuditEntry, Boundary, Goal, Target
 from infraops.services.goals import goal_snapshot
-from reviews.models import Change, ReviewComment, ReviewDecision, ReviewerProfile
-from tests.conftest import UserFactory
+from reviews.models import ReviewComment, ReviewDecision, ReviewerProfile
+from tests.factories import (
+    AgentRunFactory,
+    ChangeFactory,
+    ExperimentFactory,
+    GoalFactory,
+    UserFactory,
+)
 from tests.infraops.test_admin import form_of, new_goal, with_criterion
 
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+pytestmark = pytest.mark.usefixtures("fast_password_hashing")
 
 
 @pytest.fixture
@@ -42,20 +44,16 @@ def superuser(client: Client, db: None) -> Client:
 def history(example_goal: Goal, engineer: User, reviewer: User) -> dict[str, Any]:
     """One of each record on the example goal: a run, an experiment, a change with a
     decision and a comment (the goal already has version 1 and its audit entry)."""
-    target = example_goal.target
     version = example_goal.versions.get(number=1)
-    run = AgentRun.objects.create(goal_version=version, target=target, policy="tuner",
-                                  started_by=engineer, base_commit="a" * 40,
-                                  manifest_sha256="b" * 64)
-    experiment = Experiment.objects.create(target=target, candidate_commit="c" * 40,
-                                           baseline_commit="a" * 40)
-    diff = "--- a/config/serving.toml\n+++ b/config/serving.toml\n"
-    change = Change.objects.create(target=target, goal=example_goal, goal_version=version,
-                                   experiment=experiment, title="Tune batch_size=8",
-                                   hypothesis="Bigger batches amortise.", base_commit="a" * 40,
-                                   head_commit="c" * 40, diff=diff,
-                                   diff_sha256=Change.hash_diff(diff), author_label="run 1",
-                                   requested_by=engineer)
+    run = AgentRunFactory.create(goal_version=version, started_by=engineer, policy="tuner",
+                                 base_commit="a" * 40, manifest_sha256="b" * 64)
+    experiment = ExperimentFactory.create(target=example_goal.target, candidate_commit="c" * 40,
+                                          baseline_commit="a" * 40)
+    change = ChangeFactory.create(
+        goal=example_goal, goal_version=version, experiment=experiment,
+        title="Tune batch_size=8", hypothesis="Bigger batches amortise.", base_commit="a" * 40,
+        head_commit="c" * 40, diff="--- a/config/serving.toml\n+++ b/config/serving.toml\n",
+        author_label="run 1", requested_by=engineer)
     decision = ReviewDecision.objects.create(change=change, reviewer=reviewer,
                                              decision="request_changes", comment="Smaller steps.",
                                              diff_sha256=change.diff_sha256,
@@ -362,8 +360,7 @@ def test_an_edit_of_a_target_names_old_and_new_values(editor: Client,
 def test_bad_input_on_a_goal_is_a_form_error(
     editor: Client, example_goal: Goal, changes: dict[str, str], message: str
 ) -> None:
-    Goal.objects.create(target=example_goal.target, name="twin", probe="latency-bench",
-                        metric="latency_ms")
+    GoalFactory.create(target=example_goal.target, name="twin")
     url = f"/admin/infraops/goal/{example_goal.pk}/change/"
     before = AuditEntry.objects.count()
 

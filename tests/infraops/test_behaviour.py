@@ -14,6 +14,7 @@ from infraops.experiments.behaviour import behaviour_findings, change_findings, 
 from infraops.experiments.blobs import blob_put
 from infraops.manifest import Probe
 from infraops.models import Artifact, Experiment, ProbeExecution, Target
+from tests.factories import ExperimentFactory
 from tests.infraops.test_traces import GIL_HELD, GIL_RELEASED, MOONCAKE, complete, trace_of
 
 # The transfer starts only once main's dispatch or combine lets go of the GIL, and takes longer.
@@ -181,8 +182,8 @@ def _execution(experiment: Experiment, side: str, events: list[dict[str, Any]],
 
 def test_behaviour_findings_read_each_sides_stored_trace(example_target: Target,
                                                          tmp_path: Path) -> None:
-    experiment = Experiment.objects.create(target=example_target, candidate_commit="c" * 40,
-                                           baseline_commit="b" * 40, probes=["prefill-kv"])
+    experiment = ExperimentFactory.create(target=example_target, candidate_commit="c" * 40,
+                                          baseline_commit="b" * 40, probes=["prefill-kv"])
     base = _execution(experiment, "baseline", GIL_HELD, tmp_path)
     cand = _execution(experiment, "candidate", GIL_RELEASED, tmp_path)
     runs = {(e.probe, e.side, e.variant, 0): e for e in (base, cand)}

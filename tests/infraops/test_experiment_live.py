@@ -18,6 +18,7 @@ from infraops.experiments.services import experiment_claim
 from infraops.models import Experiment, ExperimentLog, Target
 from infraops.project.asgi import application
 from infraops.signals import experiment_finished
+from tests.factories import ExperimentFactory
 
 TIMEOUT = 15  # generous: a first socket of a session warms templates and connections
 REFRESHED = ("experiment-status", "experiment-alerts", "experiment-feedback",
@@ -31,8 +32,8 @@ def run_async(scenario: Callable[[], Awaitable[Any]]) -> Any:
 
 @pytest.fixture
 def experiment(example_target: Target, close_thread_connections: None) -> Experiment:
-    return Experiment.objects.create(target=example_target, candidate_commit="b" * 40,
-                                     baseline_commit="a" * 40, probes=["latency-bench"])
+    # Candidate "b"*40 against baseline "a"*40: the factory's.
+    return ExperimentFactory.create(target=example_target, probes=["latency-bench"])
 
 
 def headers_for(user: User) -> list[tuple[bytes, bytes]]:

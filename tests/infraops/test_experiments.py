@@ -34,9 +34,10 @@ from infraops.experiments.services import (
     experiments_reap,
 )
 from infraops.feedback.samples import compare_samples, per_execution_rows
-from infraops.models import Experiment, Goal, ProbeExecution, Sample, Target
+from infraops.models import Experiment, ProbeExecution, Sample, Target
 from infraops.services.targets import target_register
 from tests.conftest import make_origin, members_of_new_target
+from tests.factories import ExperimentFactory, GoalFactory, TargetFactory
 
 WORKER = "test:1"
 
@@ -220,9 +221,9 @@ def test_a_second_worker_cannot_claim_while_the_lease_is_live(
 
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_claiming_the_same_experiments_at_once_get_each_exactly_once() -> None:
-    target = Target.objects.create(name="race", repo_url="file:///nowhere")
-    ids = [Experiment.objects.create(target=target, candidate_commit="1" * 40,
-                                     baseline_commit="0" * 40).pk for _ in range(30)]
+    target = TargetFactory.create(name="race", repo_url="file:///nowhere")
+    ids = [ExperimentFactory.create(target=target, candidate_commit="1" * 40,
+                                    baseline_commit="0" * 40).pk for _ in range(30)]
     start = threading.Barrier(2)
     won: dict[str, list[int]] = {}
 
@@ -541,8 +542,8 @@ def test_a_target_with_a_broken_manifest_shows_its_problems_with_the_line(
 def test_starting_a_run_on_a_broken_manifest_redirects_back_with_the_error(
     broken_target: Target, engineer: User
 ) -> None:
-    goal = Goal.objects.create(target=broken_target, name="latency", probe="latency-bench",
-                               metric="latency_ms", owner=engineer)
+    goal = GoalFactory.create(target=broken_target, name="latency", probe="latency-bench",
+                              metric="latency_ms", owner=engineer)
     client = Client()
     client.force_login(engineer)
 

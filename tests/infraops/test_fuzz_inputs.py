@@ -35,10 +35,11 @@ from agents.events import run_event
 from agents.models import AgentRun, Step
 from infraops.models import Goal, Target
 from reviews.models import Change
-from tests.conftest import UserFactory
+from tests.factories import AgentRunFactory, UserFactory
 from tests.reviews import conftest as review_fixtures
 
-pytestmark = [pytest.mark.django_db, pytest.mark.fuzz]
+pytestmark = [pytest.mark.django_db, pytest.mark.fuzz,
+              pytest.mark.usefixtures("fast_password_hashing")]
 commit_on = review_fixtures.commit_on  # a pending change of config/serving.toml
 config_change = review_fixtures.config_change
 
@@ -78,8 +79,7 @@ def params(*names: str) -> st.SearchStrategy[dict[str, Any]]:
 
 
 @pytest.fixture(autouse=True)
-def fast_password_hashing_and_local_throttle(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+def local_throttle(settings: Any) -> None:
     # Thousands of failed sign-ins: count them in this process, not in the shared Redis.
     settings.CACHES = {**settings.CACHES, "login": {
         "BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "fuzz"}}
@@ -101,12 +101,7 @@ def clients(users: dict[str, User]) -> dict[str, Client]:
 
 @pytest.fixture
 def run(example_goal: Goal, engineer: User) -> AgentRun:
-    target = example_goal.target
-    made = AgentRun.objects.create(
-        goal_version=example_goal.versions.latest("number"), target=target,
-        policy=example_goal.policy, started_by=engineer, base_commit=target.manifest_commit,
-        manifest_sha256=target.manifest_sha256,
-    )
+    made = AgentRunFactory.create(goal=example_goal, started_by=engineer)
     for message in ("Run started.", "Step 1.", "<b>three</b>"):
         run_event(run_id=made.pk, kind="status", message=message)
     Step.objects.create(run=made, number=1, summary="tried batch 8", tool="set_config",

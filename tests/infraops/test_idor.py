@@ -25,13 +25,20 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from agents.models import AgentRun
 from agents.routing import websocket_urlpatterns as agent_sockets
-from infraops.models import Boundary, Experiment, Goal, GoalVersion, Target
+from infraops.models import Experiment, Goal, GoalVersion, Target
 from infraops.project.asgi import application
 from infraops.routing import websocket_urlpatterns as core_sockets
-from infraops.services.goals import goal_snapshot
 from reviews.models import Change
 from reviews.routing import websocket_urlpatterns as review_sockets
-from tests.conftest import UserFactory, member
+from tests.conftest import member
+from tests.factories import (
+    AgentRunFactory,
+    ChangeFactory,
+    ExperimentFactory,
+    GoalFactory,
+    TargetFactory,
+    UserFactory,
+)
 
 SWEEP = 50
 # URL name (or admin model) -> the model its id names.
@@ -58,26 +65,21 @@ SOCKET_KINDS: dict[str, type[models.Model]] = {"ws/runs/": AgentRun,
 
 
 def objects_on(target: Target, owner: User) -> dict[type[models.Model], Any]:
-    goal = Goal.objects.create(target=target, name=f"{target.name} latency",
-                               probe="latency-bench", metric="latency_ms", owner=owner)
-    Boundary.objects.create(goal=goal, editable_paths="config/**")
-    version = goal_snapshot(goal=goal, user=owner)
-    experiment = Experiment.objects.create(target=target, candidate_commit="b" * 40,
-                                           baseline_commit="a" * 40)
-    run = AgentRun.objects.create(goal_version=version, target=target, started_by=owner,
-                                  base_commit="a" * 40)
-    change = Change.objects.create(
-        target=target, goal=goal, title="t", hypothesis="h", base_commit="a" * 40,
-        head_commit="b" * 40, diff="--- a\n+++ b\n", diff_sha256=Change.hash_diff("--- a\n+++ b\n"),
-        author_label="run 1")
+    goal = GoalFactory.create(target=target, name=f"{target.name} latency", owner=owner,
+                              boundary__editable_paths="config/**", snapshot_by=owner)
+    version = goal.versions.get()
+    # Commits, diff and author: the factories' ("b"*40 on "a"*40, one hunk, "run 1").
+    experiment = ExperimentFactory.create(target=target)
+    run = AgentRunFactory.create(goal_version=version, started_by=owner, base_commit="a" * 40)
+    change = ChangeFactory.create(goal=goal, title="t")
     return {Target: target, Goal: goal, GoalVersion: version, Experiment: experiment,
             AgentRun: run, Change: change}
 
 
 @pytest.fixture
 def world(db: None) -> dict[str, Any]:
-    mine = Target.objects.create(name="mine", repo_url="/nowhere-mine.git")
-    theirs = Target.objects.create(name="theirs", repo_url="/nowhere-theirs.git")
+    mine = TargetFactory.create(name="mine")
+    theirs = TargetFactory.create(name="theirs")
     owner = UserFactory.create(username="owen", roles=["engineer"], member_of=[theirs])
     mia = member(UserFactory.create(username="mia", roles=["engineer"], member_of=[]), mine,
                  "engineer")

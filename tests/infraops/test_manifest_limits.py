@@ -31,6 +31,7 @@ from infraops.models import (
 )
 from infraops.services.targets import target_register
 from tests.conftest import make_origin
+from tests.factories import AgentRunFactory, ExperimentFactory
 
 # Lines 1-5; cases append from line 6 on.
 HEAD = """\
@@ -209,14 +210,14 @@ def test_a_target_whose_manifest_has_an_over_long_value_lists_the_problem(
 
 
 def _waiting_run(experiment: Experiment, goal: Goal, user: User) -> AgentRun:
-    return AgentRun.objects.create(
+    return AgentRunFactory.create(
         goal_version=goal.versions.get(), target=experiment.target, policy="tuner",
         status=AgentRun.Status.PAUSED, started_by=user, base_commit=experiment.baseline_commit,
         manifest_sha256=experiment.manifest_sha256, waiting_for=experiment)
 
 
 def _queued(target: Target) -> Experiment:
-    return Experiment.objects.create(
+    return ExperimentFactory.create(
         target=target, candidate_commit=target.manifest_commit,
         baseline_commit=target.manifest_commit, probes=["latency-bench"],
         manifest_sha256=target.manifest_sha256)

@@ -23,7 +23,8 @@ from infraops.services.targets import target_register
 from reviews.backends import PROFILE_COLUMNS, USER_COLUMNS, OneQueryUserBackend
 from reviews.live import awaiting_for_classes, count_awaiting
 from reviews.models import RISK_CLASSES, Change, ReviewerProfile
-from tests.conftest import UserFactory, make_origin, member
+from tests.conftest import make_origin, member
+from tests.factories import AgentRunFactory, ChangeFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -31,10 +32,9 @@ RUN_READ = JoinedRead(AgentRun, "goal_version__goal__target", "target", "started
 
 
 def _run(goal: Goal, user: User, **fields: object) -> AgentRun:
-    version = goal.versions.get()
-    return AgentRun.objects.create(goal_version=version, target=goal.target, policy="tuner",
-                                   started_by=user, base_commit="a" * 40,
-                                   manifest_sha256="b" * 64, **fields)
+    return AgentRunFactory.create(goal_version=goal.versions.get(), started_by=user,
+                                  policy="tuner", base_commit="a" * 40,
+                                  manifest_sha256="b" * 64, **fields)
 
 
 def _values(instance: object) -> dict[str, object]:
@@ -176,9 +176,8 @@ def test_the_count_of_changes_awaiting_review_is_the_orms(two_targets: tuple[Tar
     for n, (target, status, risk) in enumerate(itertools.product(
             two_targets, [Change.Status.PENDING_REVIEW, Change.Status.MERGED],
             [[], ["numerics"], ["concurrency", "production"], [RISK_CLASSES[-1]]])):
-        Change.objects.create(target=target, title=f"c{n}", hypothesis="h", base_commit="a" * 40,
-                              head_commit="b" * 40, diff="", diff_sha256="c" * 64,
-                              status=status, risk_classes=risk)
+        ChangeFactory.create(target=target, title=f"c{n}", diff="", status=status,
+                             risk_classes=risk)
     admin = UserFactory.create(username="root", is_superuser=True, member_of=[])
     member_of_one = member(UserFactory.create(username="m", member_of=[]), mine, "reviewer")
     nobody = UserFactory.create(username="n", member_of=[])

@@ -17,6 +17,7 @@ from infraops.models import Boundary, Experiment, Goal, GoalVersion, Target
 from infraops.services.goals import goal_snapshot
 from reviews.models import Change
 from reviews.services import change_submit
+from tests.factories import ExperimentFactory
 
 AUTHOR = {"author_name": "InfraOps agent", "author_email": "agent@example.test"}
 
@@ -24,9 +25,9 @@ CommitOn = Callable[..., tuple[str, str]]
 
 
 @pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    """Users made by the fixtures get a password; the default hasher costs ~0.2 s each."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+def fast_hashing_here(fast_password_hashing: None) -> None:
+    """Users made by the fixtures get a password: every test of this package hashes it
+    fast (tests/conftest.py's fast_password_hashing)."""
 
 
 @pytest.fixture
@@ -92,7 +93,7 @@ def make_evidence(target: Target, base: str, head: str, findings: list[dict[str,
                   probes: tuple[str, ...] = ("latency-bench",),
                   status: str = "succeeded") -> Experiment:
     """A finished experiment of head against base with these findings (as analysis stores)."""
-    return Experiment.objects.create(
+    return ExperimentFactory.create(
         target=target, status=status, candidate_commit=head, baseline_commit=base,
         probes=list(probes), finished_at=timezone.now(),
         feedback={"findings": findings, "counts": {}, "agent_text": ""})

@@ -19,7 +19,8 @@ from agents.models import AgentRun
 from infraops.models import AuditEntry, Goal, Target
 from reviews.models import Change, ReviewComment, ReviewDecision, ReviewerProfile
 from reviews.services import review_decide
-from tests.conftest import UserFactory, member
+from tests.conftest import member
+from tests.factories import AgentRunFactory, TargetFactory, UserFactory
 from tests.infraops.test_admin import form_of
 from tests.reviews.conftest import origin_moved
 
@@ -46,7 +47,7 @@ def actor(role: str, change: Change) -> User | None:
     if role == "admin":
         return User.objects.create_superuser("ada", "ada@example.test", "pw")
     if role == "member-elsewhere":
-        elsewhere = Target.objects.create(name="elsewhere", repo_url="/nowhere.git")
+        elsewhere = TargetFactory.create(name="elsewhere")
         return member(cast(User, UserFactory(username="elsa", roles=["engineer"],
                                              member_of=[])), elsewhere, "engineer")
     roles = {"viewer": ["viewer"], "engineer": ["engineer"], "reviewer": ["reviewer"],
@@ -116,10 +117,9 @@ def test_the_authorization_matrix(role: str, action: str, client: Client,
                                   example_goal: Goal, tmp_path: Path) -> None:
     if action == "merge":
         make_merge_failed(config_change, example_target, tmp_path)
-    run = AgentRun.objects.create(goal_version=example_goal.versions.latest("number"),
-                                  target=example_target,
-                                  started_by=cast(User, config_change.requested_by),
-                                  base_commit=config_change.base_commit)
+    run = AgentRunFactory.create(goal=example_goal,
+                                 started_by=cast(User, config_change.requested_by),
+                                 base_commit=config_change.base_commit)
     goal_form = goal_form_of(example_goal) if action == "edit_goal" else {}
     user = actor(role, config_change)
     if user is not None:

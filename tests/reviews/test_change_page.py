@@ -11,13 +11,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from agents.models import AgentRun
 from agents.policies.llm import _news
 from infraops.errors import DomainError
 from infraops.models import AuditEntry, Goal, Target
 from reviews.models import Change, ReviewComment, ReviewDecision
 from reviews.services import change_comment
 from reviews.services.submit import classify_diff
+from tests.factories import AgentRunFactory
 
 
 def test_the_checks_panel_shows_each_check_with_its_reason(
@@ -79,10 +79,9 @@ def test_the_diff_is_syntax_highlighted(client: Client, viewer: User,
 def test_a_line_comment_is_kept_shown_on_its_line_and_reaches_the_agent(
     client: Client, reviewer: User, config_change: Change, example_goal: Goal
 ) -> None:
-    run = AgentRun.objects.create(
-        goal_version=example_goal.versions.latest("number"), target=config_change.target,
-        policy="llm", started_by=cast(User, config_change.requested_by),
-        base_commit=config_change.base_commit)
+    run = AgentRunFactory.create(goal=example_goal, policy="llm",
+                                 started_by=cast(User, config_change.requested_by),
+                                 base_commit=config_change.base_commit)
     run.changes.add(config_change)
     client.force_login(reviewer)
     form = client.get(f"/reviews/changes/{config_change.pk}/?comment=new:2:config/serving.toml")

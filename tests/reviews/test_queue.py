@@ -24,7 +24,8 @@ from infraops.project.asgi import application
 from reviews.live import queue_changed
 from reviews.models import Change, ReviewerProfile
 from reviews.views import queue as queue_view
-from tests.conftest import UserFactory, members_of_new_target
+from tests.conftest import members_of_new_target
+from tests.factories import ChangeFactory, TargetFactory, UserFactory
 
 Status = Change.Status
 TIMEOUT = 5
@@ -35,11 +36,10 @@ def make_change(target: Target, title: str = "Tune batch_size", *,
                 status: str = Status.PENDING_REVIEW, risk_classes: list[str] | None = None,
                 goal: Goal | None = None, age: timedelta | None = None,
                 gate: list[dict[str, Any]] | None = None, gate_passed: bool = False) -> Change:
-    change = Change.objects.create(
+    change = ChangeFactory.create(
         target=target, goal=goal, title=title, hypothesis="Bigger batches amortise.",
-        base_commit="a" * 40, head_commit="b" * 40, diff="--- a\n+++ b\n",
-        diff_sha256=Change.hash_diff("--- a\n+++ b\n"), author_label="run 1", status=status,
-        risk_classes=risk_classes or [], gate=gate or [], gate_passed=gate_passed,
+        status=status, risk_classes=risk_classes or [], gate=gate or [],
+        gate_passed=gate_passed,
     )
     if age is not None:  # created_at is auto_now_add: set it afterwards
         Change.objects.filter(pk=change.pk).update(created_at=timezone.now() - age)
@@ -79,7 +79,7 @@ def reviewer_client(client: Client, reviewer: User) -> Client:
 @pytest.fixture
 def mixed(example_target: Target, example_goal: Goal) -> dict[str, Change]:
     other = members_of_new_target(
-        Target.objects.create(name="other-serving", repo_url="/nowhere.git"))
+        TargetFactory.create(name="other-serving"))
     return {
         "numerics": make_change(example_target, "fp16 accumulate", risk_classes=["numerics"],
                                 goal=example_goal),

@@ -15,12 +15,17 @@ from django.utils import timezone
 from agents.models import AgentRun, RunEvent
 from agents.policies.shared import boundary
 from agents.tools import REGISTRY, ToolContext, ToolResult, tool_call
-from infraops.models import Boundary, Experiment, Goal, Target
-from infraops.services.goals import goal_snapshot
+from infraops.models import Experiment, Goal, Target
 from infraops.services.targets import target_register
-from reviews.models import Change
 from skeletons.models import Skeleton, SkeletonUse
 from tests.conftest import make_origin, members_of_new_target
+from tests.factories import (
+    AgentRunFactory,
+    ChangeFactory,
+    ExperimentFactory,
+    GoalFactory,
+    TargetFactory,
+)
 
 MANIFEST = """
 [[probe]]
@@ -60,13 +65,11 @@ def kernels(db: None, tmp_path: Path) -> Target:
 
 @pytest.fixture
 def run(kernels: Target, engineer: User) -> AgentRun:
-    goal = Goal.objects.create(target=kernels, name="exact merge", probe="cp-check",
-                               metric="wall_ms", policy=Goal.Policy.LLM, owner=engineer)
-    Boundary.objects.create(goal=goal, editable_paths="kda/**")
-    version = goal_snapshot(goal=goal, user=engineer)
-    return AgentRun.objects.create(goal_version=version, target=kernels, policy="llm",
-                                   started_by=engineer, base_commit=kernels.manifest_commit,
-                                   manifest_sha256=kernels.manifest_sha256)
+    goal = GoalFactory.create(target=kernels, name="exact merge", probe="cp-check",
+                              metric="wall_ms", policy=Goal.Policy.LLM, owner=engineer,
+                              boundary__editable_paths="kda/**", snapshot_by=engineer)
+    # Policy ("llm"), base commit and manifest hash: the goal's and the kernels target's.
+    return AgentRunFactory.create(goal=goal, started_by=engineer)
 
 
 @pytest.fixture
@@ -77,7 +80,7 @@ def ctx(run: AgentRun, tmp_path: Path) -> ToolContext:
 
 def measured(run: AgentRun, *findings: dict[str, Any], status: str = "succeeded") -> Experiment:
     """One of the run's experiments, finished with these findings (as analysis stores them)."""
-    experiment = Experiment.objects.create(
+    experiment = ExperimentFactory.create(
         target=run.target, status=status, candidate_commit="b" * 40,
         baseline_commit=run.base_commit, finished_at=timezone.now(),
         feedback={"findings": list(findings)})
@@ -186,11 +189,9 @@ def test_a_declared_compute_bottleneck_finds_the_tile_fusion(ctx: ToolContext) -
 
 def test_drafts_are_left_out_unless_asked_and_never_another_targets(
         ctx: ToolContext, run: AgentRun, engineer: User) -> None:
-    other = Target.objects.create(name="other", repo_url="/nowhere.git")
-    diff = "--- a/x\n+++ b/x\n"
-    foreign = Change.objects.create(target=other, title="t", hypothesis="h",
-                                    base_commit="a" * 40, head_commit="b" * 40, diff=diff,
-                                    diff_sha256=Change.hash_diff(diff), author_label="run 9")
+    other = TargetFactory.create(name="other")
+    foreign = ChangeFactory.create(target=other, title="t", diff="--- a/x\n+++ b/x\n",
+                                   author_label="run 9")
     condition = [{"field": "layer", "op": "eq", "value": "correctness"}]
     for slug, source in (("own-draft", None), ("foreign-draft", foreign)):
         Skeleton.objects.create(slug=slug, name=slug, summary="s", transformation="t",

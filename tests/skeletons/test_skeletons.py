@@ -25,8 +25,7 @@ from agents.models import AgentRun
 from agents.policies.shared import submit_change
 from infraops import gitops
 from infraops.manifest import ManifestError, parse_manifest
-from infraops.models import AuditEntry, Boundary, Experiment, Goal, GoalVersion, Target
-from infraops.services.goals import goal_snapshot
+from infraops.models import AuditEntry, Goal, GoalVersion, Target
 from reviews.models import Change
 from reviews.services import change_advance, review_decide
 from reviews.tasks import change_advance as change_advance_task
@@ -50,8 +49,19 @@ from skeletons.applicability import (
 from skeletons.models import Skeleton, SkeletonEvidence, SkeletonUse, UsageStats
 from skeletons.outcomes import skeleton_outcome_record, verified_gain
 from skeletons.tasks import skeleton_outcome
-from tests.conftest import UserFactory, member
+from tests.conftest import member
+from tests.factories import (
+    LATENCY_CRITERION,
+    AgentRunFactory,
+    ChangeFactory,
+    ExperimentFactory,
+    GoalFactory,
+    TargetFactory,
+    UserFactory,
+)
 from tests.reviews.conftest import ENGINE_EDIT, criterion_finding
+
+pytestmark = pytest.mark.usefixtures("fast_password_hashing")
 
 OUTCOME_QUEUE = "agent"  # where CELERY_TASK_ROUTES sends skeletons.tasks.*
 SEEDED = ("higher-precision-merge", "release-gil-around-native-waits", "fuse-per-tile-work")
@@ -62,11 +72,6 @@ def seeded(request: pytest.FixtureRequest) -> None:
     """The seeds, for the tests that use the database (see tests/conftest.py)."""
     if request.node.get_closest_marker("django_db") or "db" in request.fixturenames:
         request.getfixturevalue("skeleton_seeds")
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 # --------------------------------------------------------------------------- predicates
@@ -305,20 +310,15 @@ def make_skeleton(slug: str, **fields: Any) -> Skeleton:
 
 def make_change(target: Target, title: str, **fields: Any) -> Change:
     diff = f"--- a/x\n+++ b/x\n@@ -1 +1 @@\n-{title}\n+{title}!\n"
-    return Change.objects.create(target=target, title=title, hypothesis=f"Because {title}.",
-                                 base_commit="a" * 40, head_commit="b" * 40, diff=diff,
-                                 diff_sha256=Change.hash_diff(diff), author_label="run 1",
-                                 **fields)
+    return ChangeFactory.create(target=target, title=title, hypothesis=f"Because {title}.",
+                                diff=diff, **fields)
 
 
 def make_run(target: Target, owner: User, policy: str = "llm") -> AgentRun:
-    goal = Goal.objects.create(target=target, name=f"goal {Goal.objects.count()}",
-                               probe="latency-bench", metric="latency_ms", owner=owner,
-                               policy=policy)
-    Boundary.objects.create(goal=goal, editable_paths="serving/**")
-    version = goal_snapshot(goal=goal, user=owner)
-    return AgentRun.objects.create(goal_version=version, target=target, policy=policy,
-                                   started_by=owner, base_commit="a" * 40)
+    goal = GoalFactory.create(target=target, name=f"goal {Goal.objects.count()}", owner=owner,
+                              policy=policy, boundary__editable_paths="serving/**",
+                              snapshot_by=owner)
+    return AgentRunFactory.create(goal=goal, started_by=owner, base_commit="a" * 40)
 
 
 @pytest.fixture
@@ -326,8 +326,8 @@ def world(db: None) -> dict[str, Any]:
     """Two targets; Mia is an engineer on the first only. Each target has a run that applied
     the same skeleton, a change and an experiment that are its evidence, and a draft proposed
     from its change."""
-    mine = Target.objects.create(name="mine", repo_url="/nowhere-mine.git")
-    theirs = Target.objects.create(name="theirs", repo_url="/nowhere-theirs.git")
+    mine = TargetFactory.create(name="mine")
+    theirs = TargetFactory.create(name="theirs")
     owen = UserFactory.create(username="owen", roles=["engineer"], member_of=[theirs])
     mia = member(UserFactory.create(username="mia", roles=["engineer"], member_of=[]), mine,
                  "engineer")
@@ -335,8 +335,7 @@ def world(db: None) -> dict[str, Any]:
     made: dict[str, Any] = {"mia": mia, "owen": owen, "skeleton": skeleton}
     for name, target in (("mine", mine), ("theirs", theirs)):
         change = make_change(target, f"{name} secret change title", status=Change.Status.MERGED)
-        experiment = Experiment.objects.create(target=target, candidate_commit="b" * 40,
-                                               baseline_commit="a" * 40, status="succeeded")
+        experiment = ExperimentFactory.create(target=target, status="succeeded")
         run = make_run(target, owen if name == "theirs" else mia)
         SkeletonUse.objects.create(skeleton=skeleton, run=run, change=change,
                                    outcome=SkeletonUse.Outcome.ACCEPTED, gain=1.5)
@@ -622,22 +621,21 @@ def merged_by_a_run(example_target: Target, engineer: User, tmp_path: Path,
 
     def merge(*, policy: str = "llm", uses: tuple[str, ...] = (), ratio: float = 0.8,
               verdict: str = "improved") -> tuple[AgentRun, Change]:
-        goal = Goal.objects.create(target=example_target, name=f"latency {policy}",
-                                   probe="latency-bench", metric="latency_ms", policy=policy,
-                                   auto_merge=True, owner=engineer)
-        Boundary.objects.create(goal=goal, editable_paths="serving/**")
-        goal.criteria.create(kind="relative", probe="latency-bench", metric="latency_ms",
-                             comparison="<=", value=-0.05)
-        version: GoalVersion = goal_snapshot(goal=goal, user=engineer)
+        goal = GoalFactory.create(target=example_target, name=f"latency {policy}",
+                                  probe="latency-bench", metric="latency_ms", policy=policy,
+                                  auto_merge=True, owner=engineer,
+                                  boundary__editable_paths="serving/**",
+                                  criteria=[LATENCY_CRITERION], snapshot_by=engineer)
+        version: GoalVersion = goal.versions.get()
         repo = example_target.clone_path
         base = gitops.rev_parse(repo, "refs/heads/main")
         head = commit_files(repo, base, ENGINE_EDIT, tmp_path)
-        run = AgentRun.objects.create(goal_version=version, target=example_target,
-                                      policy=policy, started_by=engineer, base_commit=base)
+        run = AgentRunFactory.create(goal_version=version, started_by=engineer,
+                                     base_commit=base)
         for slug in uses:
             SkeletonUse.objects.create(skeleton=Skeleton.objects.get(slug=slug), run=run,
                                        note="applied to serving/engine.py")
-        experiment = Experiment.objects.create(
+        experiment = ExperimentFactory.create(
             target=example_target, status="succeeded", candidate_commit=head,
             baseline_commit=base, probes=["latency-bench"], finished_at=timezone.now(),
             feedback={"findings": [criterion_finding(version.spec["criteria"][0]),
