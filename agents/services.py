@@ -12,6 +12,7 @@ later or enqueues the next step after commit.
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -22,8 +23,8 @@ from django.utils import timezone
 
 from agents.events import RUNS_GROUP, run_event
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
-from agents.policies import policy_of
 from agents.policies.outcome import StepOutcome
+from agents.policies.registry import POLICIES
 from agents.policies.shared import remove_worktree
 from infraops import gitops
 from infraops.access import has_target_role, target_roles
@@ -129,20 +130,19 @@ def run_step(*, run_id: int, number: int) -> AgentRun | None:
         run = _locked_for_step(run_id, number)
         if run is None or run.is_finished or run.status == AgentRun.Status.PAUSED:
             return run
-        policy = policy_of(run.policy)
         try:
-            prepared = policy.prepare(run)
+            prepared = POLICIES[run.policy].prepare(run)
         except (DomainError, gitops.GitError) as exc:
             _finish(run, AgentRun.Status.FAILED, str(exc))
             return run
-    thought = policy.think(prepared)
+    thought = prepared.think()
     with transaction.atomic():
         run = _locked_for_step(run_id, number, checks=False)
         if run is None or run.status != AgentRun.Status.RUNNING:
-            _count_dropped(run_id, policy.spent(thought))
+            _count_dropped(run_id, thought.spent())
             return run
         try:
-            outcome = policy.act(run, prepared, thought)
+            outcome = thought.act(run)
         except (DomainError, gitops.GitError) as exc:
             _finish(run, AgentRun.Status.FAILED, str(exc))
             return run
@@ -150,7 +150,7 @@ def run_step(*, run_id: int, number: int) -> AgentRun | None:
     return run
 
 
-def _count_dropped(run_id: int, cost: tuple[int, Any]) -> None:
+def _count_dropped(run_id: int, cost: tuple[int, Decimal]) -> None:
     tokens, usd = cost
     if not tokens and not usd:
         return
@@ -177,7 +177,7 @@ def _locked_for_step(run_id: int, number: int, *, checks: bool = True) -> AgentR
         _finish(run, AgentRun.Status.SUCCEEDED if run.changes.exists()
                 else AgentRun.Status.FAILED, stop)
         return run
-    stuck = policy_of(run.policy).stuck(run)
+    stuck = POLICIES[run.policy].stuck(run)
     if stuck:
         _pause(run, stuck)
     return run

@@ -8,8 +8,7 @@ goes on, in that order of precedence.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -44,20 +43,3 @@ class StepOutcome:
     counts: bool = True  # False: no Step is recorded (the model was never reached), only the
     #                      finish or pause applies
 
-
-class Policy(Protocol):
-    """One module under agents/policies/. The service calls, per step:
-    ``prepare`` under the run's row lock, ``think`` with no lock and no database writes of the
-    run (a slow model must not hold Pause and Cancel), then ``act`` under the lock again, only
-    if the run is still at this step and running; ``spent`` says what a thought cost when it is
-    dropped (paused meanwhile); ``stuck`` is checked before a step (empty: not stuck)."""
-
-    def prepare(self, run: Any) -> Any: ...
-
-    def think(self, prepared: Any) -> Any: ...
-
-    def act(self, run: Any, prepared: Any, thought: Any) -> StepOutcome: ...
-
-    def spent(self, thought: Any) -> tuple[int, Decimal]: ...
-
-    def stuck(self, run: Any) -> str: ...

@@ -4,8 +4,12 @@ Each tool is one entry (name, description, JSON schema, function) registered wit
 ``agents.tools.base.tool`` in the module of its job:
 
 - ``agents.tools.schema``: the schema builders and the validation of the model's arguments;
-- ``agents.tools.workspace``: list, read, search, edit, apply a diff, show and revert the run's
-  diff, in the run's git worktree under the boundary (no Django model);
+- ``agents.tools.workspace``: the run's git worktree under the boundary (no Django model), a
+  package with one module per tool family, imported in this order: ``reading`` (list_files,
+  read_file), ``search`` (search_code), ``editing`` (edit_file, apply_diff), ``changes``
+  (show_diff, revert); and the helpers they share: ``worktree`` (paths, files), ``diffs``
+  (the run's diff and its cap), ``guard`` (a write checked as git wrote it), ``journal`` (the
+  undo journal), ``syntax`` (the syntax check);
 - ``agents.tools.run``: the run's experiments, hypotheses, change and end (database);
 - ``agents.tools.experiments``: reading the run's experiments closer (a crash's stderr, the
   probes and their cost, two experiments side by side, a case's numbers, a span's timing);

@@ -23,8 +23,8 @@ from agents.tools import (
     ToolResult,
     tool_call,
     tool_specs,
-    workspace,
 )
+from agents.tools.workspace import search
 from infraops import gitops
 from infraops.errors import DomainError
 from reviews.diff_policy import Policy
@@ -136,6 +136,15 @@ def test_the_specs_describe_every_tool_in_the_chat_completions_format() -> None:
         assert parameters["additionalProperties"] is False
         assert set(parameters["required"]) <= set(parameters["properties"])
     json.dumps(tool_specs())
+
+
+def test_the_workspace_tools_are_listed_together_in_the_order_the_model_has_always_read() -> None:
+    names = [spec["function"]["name"] for spec in tool_specs()]
+    workspace_tools = ["list_files", "read_file", "search_code", "edit_file", "apply_diff",
+                       "show_diff", "revert"]
+
+    start = names.index("list_files")
+    assert names[start:start + len(workspace_tools)] == workspace_tools
 
 
 # --------------------------------------------------------------------------- happy paths
@@ -604,7 +613,7 @@ def test_dangerous_or_invalid_patterns_are_refused(ctx: ToolContext, pattern: st
 def test_a_slow_pattern_is_stopped_by_the_time_limit(ctx: ToolContext,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     (ctx.worktree / "src" / "slow.txt").write_text("a" * 1000 + "\n")
-    monkeypatch.setattr(workspace, "SEARCH_SECONDS", 0.3)
+    monkeypatch.setattr(search, "SEARCH_SECONDS", 0.3)
     handler = signal.getsignal(signal.SIGALRM)
 
     started = time.perf_counter()

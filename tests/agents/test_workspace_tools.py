@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from agents.tools import MAX_RESULT_CHARS, REGISTRY, ToolContext, ToolResult, workspace
+from agents.tools import MAX_RESULT_CHARS, REGISTRY, ToolContext, ToolResult
+from agents.tools.workspace import syntax
 from infraops import gitops
 from reviews.diff_policy import Policy
 from tests.agents.test_tools import call, error_of
@@ -628,7 +629,7 @@ def test_compiler_warnings_are_not_syntax_errors_even_under_an_error_filter(
 
 def test_a_python_file_over_the_size_limit_is_not_checked_and_says_so(
         ctx: ToolContext, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(workspace, "SYNTAX_MAX_BYTES", 10)
+    monkeypatch.setattr(syntax, "SYNTAX_MAX_BYTES", 10)
 
     result = call(ctx, "edit_file", path="src/kernel.py", old_text="return x + 1",
                   new_text="return x +")
