@@ -26,6 +26,17 @@ STALE_REFERENCES = {
     "infraops/embedded.py": "infraops/management/commands/standalone.py",
     "agents/llm_step.py": "agents/policies/llm.py",
     "agents/tools.py": "agents/tools/ (one module per job)",
+    # Before the core was split into rooms (docs/architecture.md, "The house").
+    "infraops/settings.py": "infraops/project/settings.py",
+    "infraops/celery.py": "infraops/project/celery.py",
+    "infraops/sandbox.py": "infraops/experiments/sandbox/",
+    "infraops/services/experiments.py": "infraops/experiments/services.py",
+    "infraops/services/feedback.py": "infraops/experiments/analysis.py",
+    "infraops/feedback.py": "infraops/feedback/findings.py",
+    "infraops/stats.py": "infraops/feedback/stats.py",
+    "infraops/skeletons.py": "skeletons/models.py",
+    "agents/tools/workspace.py": "agents/tools/workspace/",
+    "-A infraops ": "-A infraops.project",
 }
 
 PATH_SUFFIXES = (".py", ".md", ".sh", ".toml", ".html", ".js", ".css")

@@ -40,7 +40,9 @@ from infraops.experiments.sandbox import (
 from tests.infraops.conftest import Dirs
 
 PYTHON = "/usr/bin/python3"
-MARKER = "31.4159"  # a sleep length no other process on the host uses
+# A sleep length no other process on the host uses: unique per test process, since the suite
+# runs in several (pytest-xdist) and a test looks for leftovers by it across the host.
+MARKER = f"31.4{os.getpid()}"
 IS_ROOT = os.geteuid() == 0
 
 

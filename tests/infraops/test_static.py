@@ -35,8 +35,8 @@ def test_the_bundle_is_the_plotly_js_that_the_figures_are_built_for() -> None:
 
 
 def test_the_bundle_draws_every_trace_type_our_charts_use() -> None:
-    used = set(re.findall(r"go\.([A-Z][a-z]+)\(", (Path(settings.BASE_DIR) / "infraops" /
-                                                    "charts.py").read_text())) - {"Figure"}
+    charts = Path(settings.BASE_DIR) / "infraops" / "feedback" / "charts.py"
+    used = set(re.findall(r"go\.([A-Z][a-z]+)\(", charts.read_text())) - {"Figure"}
     assert used, "charts.py builds no trace?"
     head = BUNDLE.read_text()
     for trace in used:  # each trace module registers its name as moduleType "trace"
