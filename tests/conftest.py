@@ -154,12 +154,46 @@ def example_goal(example_target: Target, engineer: User) -> Goal:
         snapshot_by=engineer)
 
 
+SLOW_TESTS = Path(__file__).with_name("slow_tests.txt")
+SLOW_SECONDS = 1.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-slow", metavar="PATH", default=None,
+                     help=f"write the node ids of the tests that took {SLOW_SECONDS} s or more "
+                          "(setup, call and teardown) to PATH, as tests/slow_tests.txt holds them")
+
+
+def slow_ids(path: Path = SLOW_TESTS) -> set[str]:
+    return {line.strip() for line in path.read_text().splitlines()
+            if line.strip() and not line.startswith("#")}
+
+
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    target = session.config.getoption("--record-slow")
+    if target and not hasattr(session.config, "workerinput"):  # the xdist controller, or alone
+        header = [line for line in SLOW_TESTS.read_text().splitlines() if line.startswith("#")]
+        slow = sorted(node for node, seconds in _durations.items() if seconds >= SLOW_SECONDS)
+        Path(target).write_text("\n".join(header + slow) + "\n")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Browser tests run last. Playwright's sync API keeps an event loop running in the test
     thread for the rest of the session once a browser starts, and every later async_to_sync
     in that thread (the websocket tests, live notifications) would then refuse to run. Runs
     after pytest-django's own ordering, keeping it within each part."""
+    slow = slow_ids()
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
     browser = [item for item in items if item.get_closest_marker("browser")]
     for item in browser:
         # Under pytest-xdist (--dist loadgroup) they run together, in one worker, after
