@@ -60,8 +60,8 @@ EOF
   status=0
   python3 bench/gpu_worker.py "$out" "${@:2}" || status=$?
   (source /tmp/test-services.env && DJANGO_ALLOW_ASYNC_UNSAFE=true timeout "${GPU_TESTS_SECONDS:-300}" \
-    python3 -m pytest -o addopts="" -p no:cacheprovider -q -rs tests/infraops/test_accelerators.py \
-    tests/infraops/test_gpu_probes.py >"$out/gpu-tests.log" 2>&1) || status=$?
+    python3 -m pytest -o addopts="" -p no:cacheprovider -q -rs tests/infraops/experiments/test_accelerators.py \
+    tests/infraops/experiments/test_gpu_probes.py >"$out/gpu-tests.log" 2>&1) || status=$?
   tail -15 "$out/gpu-tests.log"
   return "$status"
 }

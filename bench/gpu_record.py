@@ -1,6 +1,7 @@
 """Record the demo's GPU probes on a machine with a CUDA GPU, the way a GPU worker runs them
 (each execution in a fresh output folder, told its variant, seed and repeat), for the
-analysis test that replays them where there is no GPU (tests/infraops/test_gpu_probes.py).
+analysis test that replays them where there is no GPU
+(tests/infraops/experiments/test_gpu_probes.py).
 
     python3 bench/gpu_record.py OUT_DIR
 

@@ -21,7 +21,7 @@ from django.db import connections, transaction
 
 from infraops.experiments.services import experiment_request
 from infraops.models import Experiment, Target
-from tests.infraops.test_experiments import candidate_commit
+from tests.infraops.experiments.test_services import candidate_commit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

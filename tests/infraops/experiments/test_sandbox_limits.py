@@ -1,10 +1,7 @@
-"""Per-sandbox limits (infraops.experiments.sandbox): one run cannot spend another's processes,
-memory or
-disk; every limit hit is named in the order it happened; a cut output says where; a failed
-sandbox check is retried. Every containment test starts real bubblewrap sandboxes.
-
-Run without Django: python -m pytest -p no:django -p no:cacheprovider
-tests/infraops/test_sandbox_limits.py
+"""Per-sandbox limits (infraops.experiments.sandbox): one run cannot spend another's
+processes, memory or disk; every limit hit is named in the order it happened; a cut output
+says where; a failed sandbox check is retried. Every containment test starts real bubblewrap
+sandboxes.
 
 The fork bomb, the memory hog and the disk fill run inside sandboxes with small limits (32
 processes, 256 MB, 64 MB): a CI run of the whole suite may share this machine.
@@ -46,7 +43,7 @@ from tests.infraops.conftest import Dirs, make_dirs
 
 PYTHON = "/usr/bin/python3"
 IS_ROOT = os.geteuid() == 0
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # Generous: a loaded 2-core machine may take seconds to start a sandbox. No test asserts a time.
 DEADLINE = 120.0
 

@@ -15,7 +15,7 @@ from infraops.experiments.blobs import blob_put
 from infraops.manifest import Probe
 from infraops.models import Artifact, Experiment, ProbeExecution, Target
 from tests.factories import ExperimentFactory
-from tests.infraops.test_traces import GIL_HELD, GIL_RELEASED, MOONCAKE, complete, trace_of
+from tests.infraops.feedback.test_traces import GIL_HELD, GIL_RELEASED, MOONCAKE, complete, trace_of
 
 # The transfer starts only once main's dispatch or combine lets go of the GIL, and takes longer.
 KV_WAITS = [

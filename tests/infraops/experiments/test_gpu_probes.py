@@ -28,7 +28,7 @@ from infraops.services.targets import target_register
 from tests.conftest import DEMO, make_origin, members_of_new_target
 from tests.infraops.test_feedback_cases import commit_edit, findings
 
-RECORDED = Path(__file__).parent / "data" / "gpu_h200"
+RECORDED = Path(__file__).parents[1] / "data" / "gpu_h200"
 OUT_NAME = re.compile(r"(?P<probe>.+)-(?P<side>baseline|candidate)-(?P<key>.*?)-(?P<repeat>-?\d+)")
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -24,7 +24,7 @@ from infraops.experiments import accelerators, sandbox
 from infraops.management.commands.standalone import Command as Standalone
 from infraops.manifest import Probe
 from tests.infraops.conftest import Dirs
-from tests.infraops.test_sandbox import limits, python
+from tests.infraops.experiments.test_sandbox import limits, python
 
 IS_ROOT = os.geteuid() == 0
 HAS_GPU = accelerators.host_has_gpu()

@@ -1,7 +1,5 @@
-"""Containment tests for infraops.experiments.sandbox: every test starts real bubblewrap sandboxes.
-
-Run without Django: python -m pytest -p no:django -p no:cacheprovider tests/infraops/test_sandbox.py
-"""
+"""Containment tests for infraops.experiments.sandbox: every test starts real bubblewrap
+sandboxes."""
 
 from __future__ import annotations
 
@@ -384,7 +382,7 @@ def test_a_planted_canary_outside_the_worktree_is_not_readable(dirs: Dirs) -> No
     canary.parent.mkdir()
     canary.write_text("canary-3f9a")
     canary.chmod(0o644)
-    checkout = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    checkout = Path(__file__).resolve().parents[3] / "pyproject.toml"
     result = run(dirs, f"cat {canary}; cat {checkout}; ls /work")
     assert b"canary-3f9a" not in result.stdout
     assert b"[project]" not in result.stdout
@@ -395,7 +393,7 @@ def test_none_of_the_hosts_secrets_is_readable_from_the_sandbox(dirs: Dirs) -> N
     """Row S2: a canary in each place a secret lives, readable by anyone on the host (0644),
     so only the sandbox's own filesystem keeps it out: 0 of 5 read."""
     mark = uuid.uuid4().hex
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     other = dirs.base / "other-run"  # another run's worktree, handed to the same uid
     sandbox_prepare_dir(other, dirs.identity)
     ssh = Path.home() / ".ssh"
@@ -431,7 +429,7 @@ def test_no_write_outside_the_worktree_and_private_folders_succeeds(dirs: Dirs) 
     """Row S3: 8 places outside, each writable on the host by the sandbox uid or by root:
     0 written; the worktree and the private tmp: written."""
     mark = uuid.uuid4().hex
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     other = dirs.base / "other-run"
     sandbox_prepare_dir(other, dirs.identity)
     hooks = dirs.work / ".git" / "hooks"
@@ -654,7 +652,7 @@ def test_a_service_killed_mid_run_takes_every_process_of_the_run_with_it(
     # and of its child (set after the identity switch, which clears it) must end the run.
     service = subprocess.Popen(
         [sys.executable, "-c", SERVICE, supervisor, str(dirs.work), str(dirs.out)],
-        cwd=Path(__file__).resolve().parents[2], env=os.environ | {"MARKER": MARKER})
+        cwd=Path(__file__).resolve().parents[3], env=os.environ | {"MARKER": MARKER})
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

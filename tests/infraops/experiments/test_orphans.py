@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 SCENARIO = r"""
 import json, os, subprocess, sys, time
