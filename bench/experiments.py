@@ -1,10 +1,11 @@
 """Experiment environment figures (issue 3). Prints `figure: <name> <value> <unit>` lines.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres REDIS_URL=redis://127.0.0.1:6379/10 \
-        .venv/bin/python bench/experiments.py
+        .venv/bin/python bench/experiments.py [--smoke] [--database infraops_bench]
 
-It creates (and drops) its own database `infraops_bench` on DATABASE_URL's server, starts one
-real Celery worker, and measures:
+It creates (and drops) its own database (--database, `infraops_bench` unless told) on
+DATABASE_URL's server, empties REDIS_URL's Redis database, starts one real Celery worker, and
+measures:
 
 - dispatch_overhead_p95_ms: request committed -> the worker holds the claim, idle worker;
 - wall_ratio_1s_probe: an experiment of a 1 s probe (baseline + candidate) through the whole
@@ -14,10 +15,14 @@ real Celery worker, and measures:
 - sandbox_start_median_ms: one sandboxed `true`;
 - ingest_samples_per_s: samples stored through the COPY path.
 Targets (issue 3): <= 50, <= 1.03, <= 15, >= 50000.
+
+--smoke: 3 experiments of a 0.1 s probe (the figures keep their names), 3 sandbox starts,
+5,000 samples: seconds, to show that it runs, not how fast.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import statistics
@@ -25,48 +30,42 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import database_create, database_drop  # noqa: E402
+
 BENCH_DB = "infraops_bench"
 PROBE_SCRIPT = """import json, os, time
-time.sleep(1)
+time.sleep(SECONDS)
 with open(os.environ["INFRAOPS_OUT"] + "/metrics.jsonl", "w") as out:
     out.write(json.dumps({"name": "latency_ms", "value": 1.0}) + "\\n")
 """
 PROBE = "python3 bench/sleep_probe.py"
 
 
+@dataclass(frozen=True)
+class Size:
+    experiments: int  # the first is the warm-up: only dispatch_overhead_first_ms reports it
+    probe_seconds: float
+    sandbox_starts: int
+    samples: int
+
+
+FULL = Size(experiments=13, probe_seconds=1.0, sandbox_starts=30, samples=200_000)
+SMOKE = Size(experiments=3, probe_seconds=0.1, sandbox_starts=3, samples=5_000)
+
+
 def figure(name: str, value: float, unit: str) -> None:
     print(f"figure: {name} {value:.4g} {unit}", flush=True)
 
 
-def bench_database_url() -> str:
-    base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-    parts = urlsplit(base)
-    import psycopg
-
-    admin = urlunsplit(parts._replace(path="/postgres"))
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    return urlunsplit(parts._replace(path=f"/{BENCH_DB}"))
-
-
-def drop_database() -> None:
-    import psycopg
-
-    parts = urlsplit(os.environ["DATABASE_URL"])
-    with psycopg.connect(urlunsplit(parts._replace(path="/postgres")), autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-
-
-def setup() -> Path:
+def setup(database: str) -> Path:
     data = Path(tempfile.mkdtemp(prefix="infraops-bench-"))
     data.chmod(0o755)
-    os.environ["DATABASE_URL"] = bench_database_url()
+    os.environ["DATABASE_URL"] = database_create(database)
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/10")
     os.environ["INFRAOPS_DATA"] = str(data)
     os.environ["DJANGO_SETTINGS_MODULE"] = "infraops.project.settings"
@@ -84,14 +83,15 @@ def setup() -> Path:
     return data
 
 
-def make_target(data: Path):  # type: ignore[no-untyped-def]
+def make_target(data: Path, size: Size):  # type: ignore[no-untyped-def]
     from infraops import gitops
     from infraops.services.targets import target_register
 
     source = data / "src"
     shutil.copytree(ROOT / "examples" / "tiny-serving", source)
     manifest = (source / "infraops.toml").read_text()
-    (source / "bench" / "sleep_probe.py").write_text(PROBE_SCRIPT)
+    (source / "bench" / "sleep_probe.py").write_text(
+        PROBE_SCRIPT.replace("SECONDS", str(size.probe_seconds)))
     manifest = manifest.replace("python3 bench/probe.py", PROBE)
     manifest = manifest.replace("repeat = 5", "repeat = 1")
     (source / "infraops.toml").write_text(manifest)
@@ -142,7 +142,7 @@ def wait_finished(pk: int, timeout: float = 120):  # type: ignore[no-untyped-def
     raise SystemExit(f"experiment {pk} did not finish in {timeout} s")
 
 
-def bench_dispatch_and_wall(target) -> None:  # type: ignore[no-untyped-def]
+def bench_dispatch_and_wall(target, size: Size) -> None:  # type: ignore[no-untyped-def]
     from infraops.experiments.services import experiment_request
 
     base = target.manifest_commit
@@ -150,8 +150,8 @@ def bench_dispatch_and_wall(target) -> None:  # type: ignore[no-untyped-def]
     ratios: list[float] = []
     overheads: list[float] = []
     directs: list[float] = []
-    with DirectProbe() as direct:
-        for n in range(13):
+    with DirectProbe(size.probe_seconds) as direct:
+        for n in range(size.experiments):
             sha = candidate(target, n)
             experiment = experiment_request(target=target, candidate_commit=sha,
                                             baseline_commit=base)
@@ -178,10 +178,13 @@ def bench_dispatch_and_wall(target) -> None:  # type: ignore[no-untyped-def]
 class DirectProbe:
     """The bench probe run directly: no sandbox, no worker, no database."""
 
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
     def __enter__(self) -> DirectProbe:
         self.out = Path(tempfile.mkdtemp())
         self.script = self.out / "sleep_probe.py"
-        self.script.write_text(PROBE_SCRIPT)
+        self.script.write_text(PROBE_SCRIPT.replace("SECONDS", str(self.seconds)))
         return self
 
     def run(self) -> float:
@@ -194,7 +197,7 @@ class DirectProbe:
         shutil.rmtree(self.out)
 
 
-def bench_sandbox_start(data: Path) -> None:
+def bench_sandbox_start(data: Path, size: Size) -> None:
     from infraops.experiments import sandbox
 
     work, out = data / "sb-work", data / "sb-out"
@@ -204,14 +207,14 @@ def bench_sandbox_start(data: Path) -> None:
     spec = sandbox.SandboxSpec(command="true", workdir=work, out_dir=out, env={})
     sandbox.sandbox_run(spec, identity=identity)
     runs = []
-    for _ in range(30):
+    for _ in range(size.sandbox_starts):
         started = time.perf_counter()
         sandbox.sandbox_run(spec, identity=identity)
         runs.append((time.perf_counter() - started) * 1000)
     figure("sandbox_start_median_ms", statistics.median(runs), "ms")
 
 
-def bench_ingest(target) -> None:  # type: ignore[no-untyped-def]
+def bench_ingest(target, size: Size) -> None:  # type: ignore[no-untyped-def]
     from infraops.experiments.results import MetricRow, samples_copy
     from infraops.models import Experiment, ProbeExecution, Sample
 
@@ -221,7 +224,7 @@ def bench_ingest(target) -> None:  # type: ignore[no-untyped-def]
                                               side="candidate", repeat_index=0, reason="ok",
                                               wall_seconds=0)
     rows = [MetricRow(name="latency_ms", value=float(i), unit="ms", case=f"case-{i % 97}",
-                      labels={"i": i}) for i in range(200_000)]
+                      labels={"i": i}) for i in range(size.samples)]
     started = time.perf_counter()
     stored = samples_copy(execution, rows)
     elapsed = time.perf_counter() - started
@@ -230,15 +233,22 @@ def bench_ingest(target) -> None:  # type: ignore[no-untyped-def]
 
 
 def main() -> None:
-    data = setup()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny run (seconds): it runs, the figures mean nothing")
+    parser.add_argument("--database", default=BENCH_DB,
+                        help="the database to create (and drop) on DATABASE_URL's server")
+    args = parser.parse_args()
+    size = SMOKE if args.smoke else FULL
+    data = setup(args.database)
     worker = None
     try:
-        target = make_target(data)
-        bench_sandbox_start(data)
+        target = make_target(data, size)
+        bench_sandbox_start(data, size)
         worker = start_worker(data)
-        bench_dispatch_and_wall(target)
+        bench_dispatch_and_wall(target, size)
         # Last: 200 000 new rows set off autovacuum, which would run beside the experiments.
-        bench_ingest(target)
+        bench_ingest(target, size)
     finally:
         if worker is not None:
             worker.terminate()
@@ -246,7 +256,7 @@ def main() -> None:
         from django.db import connections
 
         connections.close_all()
-        drop_database()
+        database_drop(args.database)
         shutil.rmtree(data, ignore_errors=True)
 
 

@@ -11,11 +11,16 @@ boot key expires within 15 s); leftovers 0. Needs DATABASE_URL (PostgreSQL; the 
 its own test database) and Chromium, as the e2e tests do. Run from the repository root:
 
   DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres REDIS_URL=redis://127.0.0.1:6379/10 \\
-    DJANGO_ALLOW_ASYNC_UNSAFE=true .venv/bin/python bench/faults.py
+    DJANGO_ALLOW_ASYNC_UNSAFE=true .venv/bin/python bench/faults.py [--smoke]
+
+The tests make their test database as pytest-django does: `test_` and DATABASE_URL's name.
+--smoke: only the fault that recovers soonest (terminated PostgreSQL backends: its figure,
+pg_terminate_recovery_s), to show that the bench runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -26,13 +31,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+TESTS = "tests/e2e/test_faults.py"
+SMOKE_TEST = "terminated_database_backends"  # a -k expression: the quickest of the three
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="only the terminated backends' test (its one figure)")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         figures = Path(folder) / "figures.jsonl"
         env = os.environ | {"INFRAOPS_FAULT_FIGURES": str(figures)}
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-             "tests/e2e/test_faults.py"], cwd=ROOT, env=env, capture_output=True, text=True)
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", TESTS,
+             *(["-k", SMOKE_TEST] if args.smoke else [])],
+            cwd=ROOT, env=env, capture_output=True, text=True)
         if result.returncode != 0:
             sys.stderr.write(result.stdout[-6000:] + result.stderr[-3000:])
         lines = figures.read_text().splitlines() if figures.exists() else []

@@ -2,10 +2,11 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
     REDIS_URL=redis://127.0.0.1:6379/10 DJANGO_ALLOW_ASYNC_UNSAFE=true \
-        .venv/bin/python bench/feedback_stats.py
+        .venv/bin/python bench/feedback_stats.py [--smoke] [--database infraops_bench_feedback]
 
 DATABASE_URL names the PostgreSQL server (default: the local one); the bench uses a database of
-its own there, `infraops_bench_feedback` (created when missing, migrated): the bench sets Django
+its own there (--database, `infraops_bench_feedback` unless told; created when missing, kept,
+migrated): the bench sets Django
 up itself (DJANGO_SETTINGS_MODULE=infraops.project.settings) and stores its real experiments there
 under a target `bench-instructions-<pid>`, deleted at the end; clones, checkouts and blobs go
 to a temporary data folder (INFRAOPS_DATA), also removed. It also needs bubblewrap and
@@ -38,14 +39,14 @@ on the load). The verdict read is the perf-comparison finding on `instructions`.
   p < 0.01) run at once, 6 to 8 only while none was called regressed;
 - instructions_planted_ratio: the change actually planted: median candidate count over median
   baseline count, over the measured executions of every detection experiment (~1.015);
-- aa_no_change_rate_real: share of REAL_AA_EXPERIMENTS (10) real A/A experiments, 5 repeats a
+- aa_no_change_rate_real: share of FULL.real_aa_experiments (10) real A/A experiments, 5 repeats a
   side, whose candidate commit changes only a comment in the kernel (identical code), called
   "no change"; instructions_aa_false_alarm_rate_real: share of them called improved/regressed;
-- aa_no_change_rate, instructions_aa_false_alarm_rate: the same two shares over AA_TRIALS
-  (2000) resampled A/A pairs: the measured executions (Sample rows; warm-ups excluded) of those
-  10 experiments, both sides, are pooled (100 counts, each from a fresh checkout's run), and
-  each trial draws 10 of them without replacement, splits them 5 vs 5 and runs compare()
-  (margin 0.01) on them;
+- aa_no_change_rate, instructions_aa_false_alarm_rate: the same two shares over
+  FULL.aa_trials (2000) resampled A/A pairs: the measured executions (Sample rows; warm-ups
+  excluded) of those 10 experiments, both sides, are pooled (100 counts, each from a fresh
+  checkout's run), and each trial draws 10 of them without replacement, splits them 5 vs 5
+  and runs compare() (margin 0.01) on them;
 - instructions_warmup_excess: the median, over every real experiment's two sides, of how much
   more the side's warm-up execution counted than the median of its samples, in percent (a
   fresh checkout's first run compiles the kernel's bytecode). Warm-ups store no samples: the
@@ -58,10 +59,15 @@ instructions_planted_ratio within 1.015 +- 0.002 (else the detection figure meas
 change); aa_no_change_rate and aa_no_change_rate_real >= 0.9; instructions_aa_false_alarm_rate
 and instructions_aa_false_alarm_rate_real <= 0.01. instructions_warmup_excess has none. Exits 1
 if one is missed. Lines starting with `#` on stderr tell where the figures come from.
+
+--smoke: every figure from a tiny run (seconds, not minutes): SMOKE's trials, runs and
+experiments (one detection experiment at 3 repeats a side, one A/A experiment). It shows that
+the bench runs; the figures mean little, and a missed target is said, not judged (exit 0).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import shutil
@@ -81,6 +87,7 @@ from pyperf._compare import CompareData, CompareResult
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import database_create  # noqa: E402
 from infraops.feedback.stats import (  # noqa: E402
     DEFAULT_NO_CHANGE_MARGIN,
     IMPROVED,
@@ -92,17 +99,32 @@ from infraops.feedback.stats import (  # noqa: E402
     parse_perf_stat_instructions,
 )
 
-AA_TRIALS = 2000
-DETECTION_TRIALS = 1000
 SAMPLES = 20
-MAX_RUNS = 12
-# Real instruction-mode experiments: the repeats a side tried for the 1.5% regression, the
-# A/A experiments (AA_RUNS a side, the product's default for a performance probe) and the
-# margin they are judged with (Experiment.margin's default).
-DETECT_REPEATS = range(3, 9)
-REAL_AA_EXPERIMENTS = 10
-AA_RUNS = 5
+# The margin real A/A experiments are judged with (Experiment.margin's default).
 MARGIN = DEFAULT_NO_CHANGE_MARGIN
+BENCH_DB = "infraops_bench_feedback"
+
+
+@dataclass(frozen=True)
+class Size:
+    """How much of each figure's work a run does (see the module docstring)."""
+
+    aa_trials: int  # synthetic A/A comparisons, and resampled A/A pairs
+    detection_trials: int
+    max_runs: int  # runs a side tried for the 2% C kernel
+    # Real instruction-mode experiments: the repeats a side tried for the 1.5% regression, the
+    # A/A experiments and their repeats a side (5: the product's default for a performance
+    # probe).
+    detect_repeats: range
+    real_aa_experiments: int
+    aa_runs: int
+
+
+FULL = Size(aa_trials=2000, detection_trials=1000, max_runs=12, detect_repeats=range(3, 9),
+            real_aa_experiments=10, aa_runs=5)
+SMOKE = Size(aa_trials=50, detection_trials=50, max_runs=3, detect_repeats=range(3, 4),
+             real_aa_experiments=1, aa_runs=3)
+
 # inner 100 vs 102 iterations of the same body inside a fixed outer loop: 2% more work.
 KERNEL_C = r"""
 #include <stdlib.h>
@@ -146,23 +168,23 @@ def pyperf_significant(baseline: list[float], candidate: list[float]) -> bool:
     return bool(result.significant)
 
 
-def aa_false_alarm_rates() -> tuple[float, float]:
+def aa_false_alarm_rates(trials: int) -> tuple[float, float]:
     rng = np.random.default_rng(2026)
     ours = theirs = 0
-    for trial in range(AA_TRIALS):
+    for trial in range(trials):
         base, cand = lognormal(rng, 1.0, 0.20, SAMPLES), lognormal(rng, 1.0, 0.20, SAMPLES)
         ours += compare(base, cand, seed=trial).verdict in (IMPROVED, REGRESSED)
         theirs += pyperf_significant(base, cand)
-    return ours / AA_TRIALS, theirs / AA_TRIALS
+    return ours / trials, theirs / trials
 
 
-def detection_rate() -> float:
+def detection_rate(trials: int) -> float:
     rng = np.random.default_rng(2027)
     found = 0
-    for trial in range(DETECTION_TRIALS):
+    for trial in range(trials):
         base, cand = lognormal(rng, 1.0, 0.05, SAMPLES), lognormal(rng, 1.10, 0.05, SAMPLES)
         found += compare(base, cand, seed=trial).verdict == REGRESSED
-    return found / DETECTION_TRIALS
+    return found / trials
 
 
 def perf_counter(command: list[str]) -> int:
@@ -196,9 +218,9 @@ def instruction_counter() -> tuple[str, Counter]:
     sys.exit("no instruction counter: perf cannot count instructions and valgrind is missing")
 
 
-def instructions_detect_runs() -> int:
+def instructions_detect_runs(max_runs: int) -> int:
     """Smallest runs a side (interleaved) at which compare() calls the 2% slower kernel regressed;
-    MAX_RUNS + 1 when it never does."""
+    max_runs + 1 when it never does."""
     tool, count = instruction_counter()
     with tempfile.TemporaryDirectory() as tmp:
         binary = Path(tmp) / "kernel"
@@ -207,14 +229,14 @@ def instructions_detect_runs() -> int:
         subprocess.run(["cc", "-O1", "-o", str(binary), str(source)], check=True, timeout=60)
         base: list[float] = []
         cand: list[float] = []
-        for runs in range(1, MAX_RUNS + 1):
+        for runs in range(1, max_runs + 1):
             base.append(count([str(binary), "100"]))
             cand.append(count([str(binary), "102"]))
             if runs >= 3 and compare(base, cand).verdict == REGRESSED:
                 ratio = np.median(cand) / np.median(base)
                 print(f"# {tool}: ratio {ratio:.4f} after {runs} runs a side", file=sys.stderr)
                 return runs
-    return MAX_RUNS + 1
+    return max_runs + 1
 
 
 # --- real experiments in instruction mode ---------------------------------------------------
@@ -241,11 +263,11 @@ class RealFigures:
         return alarms / len(self.aa_verdicts)
 
 
-def setup_django() -> Path:
-    """Django on DATABASE_URL (migrated), with a data folder of its own (clones, checkouts,
-    blobs), returned; the caller removes it."""
-    os.environ["DATABASE_URL"] = _own_database(
-        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
+def setup_django(database: str) -> Path:
+    """Django on a database of the bench's own (`database` on DATABASE_URL's server, created
+    when missing, so that its tables never land in the database the URL names; migrated), with
+    a data folder of its own (clones, checkouts, blobs), returned; the caller removes it."""
+    os.environ["DATABASE_URL"] = database_create(database, replace=False)
     data = Path(tempfile.mkdtemp(prefix="infraops-feedback-stats-"))
     data.chmod(0o755)  # the sandbox user reaches the checkouts under it
     os.environ["INFRAOPS_DATA"] = str(data)
@@ -261,42 +283,26 @@ def setup_django() -> Path:
     return data
 
 
-BENCH_DB = "infraops_bench_feedback"
-
-
-def _own_database(url: str) -> str:
-    """A database of the bench's own on `url`'s server (created when missing), so that its
-    tables never land in the database the URL names."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    import psycopg
-
-    parts = urlsplit(url)
-    with psycopg.connect(urlunsplit(parts._replace(path="/postgres")), autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (BENCH_DB,)
-                        ).fetchone() is None:
-            conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    return urlunsplit(parts._replace(path=f"/{BENCH_DB}"))
-
-
-def resampled_aa(pool: list[float]) -> tuple[float, float]:
-    """AA_TRIALS random 5-vs-5 splits of the pooled fresh-checkout counts through compare():
-    (share called no change, share called improved or regressed)."""
+def resampled_aa(pool: list[float], size: Size) -> tuple[float, float]:
+    """size.aa_trials random 5-vs-5 (aa_runs) splits of the pooled fresh-checkout counts
+    through compare(): (share called no change, share called improved or regressed)."""
     rng = np.random.default_rng(2028)
     values = np.asarray(pool)
     no_change = alarms = 0
-    for trial in range(AA_TRIALS):
-        drawn = rng.choice(values, 2 * AA_RUNS, replace=False)
-        verdict = compare(list(drawn[:AA_RUNS]), list(drawn[AA_RUNS:]), seed=trial,
+    runs = size.aa_runs
+    for trial in range(size.aa_trials):
+        drawn = rng.choice(values, 2 * runs, replace=False)
+        verdict = compare(list(drawn[:runs]), list(drawn[runs:]), seed=trial,
                           margin=MARGIN).verdict
         no_change += verdict == NO_CHANGE
         alarms += verdict in (IMPROVED, REGRESSED)
-    return no_change / AA_TRIALS, alarms / AA_TRIALS
+    return no_change / size.aa_trials, alarms / size.aa_trials
 
 
-def real_instruction_experiments() -> RealFigures:
-    """The detection search (repeats DETECT_REPEATS, smallest first) and REAL_AA_EXPERIMENTS
-    A/A experiments, two at a time; every one a fresh experiment of the real path."""
+def real_instruction_experiments(size: Size) -> RealFigures:
+    """The detection search (repeats size.detect_repeats, smallest first) and
+    size.real_aa_experiments A/A experiments, two at a time; every one a fresh experiment of
+    the real path."""
     from bench import instruction_experiments as ie
 
     problem = ie.env_ready()
@@ -307,12 +313,12 @@ def real_instruction_experiments() -> RealFigures:
     print(f"# calibration: {calibration.fixed:.0f} fixed + {calibration.per_iteration:.0f} per "
           f"iteration; candidate {more} vs {ie.BASE_ITERATIONS} iterations", file=sys.stderr)
     name = f"bench-instructions-{os.getpid()}"
-    target = ie.make_target(name, repeat=AA_RUNS)
+    target = ie.make_target(name, repeat=size.aa_runs)
     try:
         main = target.manifest_commit
 
         def detection_pair(repeat: int) -> tuple[Any, str, str]:
-            base = main if repeat == AA_RUNS else ie.commit_change(
+            base = main if repeat == size.aa_runs else ie.commit_change(
                 target, main, {"infraops.toml": ie.set_repeat(repeat)},
                 f"repeat = {repeat}")
             slower = ie.commit_change(
@@ -322,11 +328,11 @@ def real_instruction_experiments() -> RealFigures:
 
         aa_jobs = [(target, main, ie.commit_change(
             target, main, {ie.KERNEL: ie.add_comment(f"A/A {k}")},
-            f"comment {k}")) for k in range(REAL_AA_EXPERIMENTS)]
+            f"comment {k}")) for k in range(size.real_aa_experiments)]
         # Up to the first repeats at which the rank test can reach p < 0.01 at all, run at once
         # beside the A/A ones; more only while none was called regressed.
-        first = [r for r in DETECT_REPEATS if r <= min_rank_repeats(0.01)]
-        later = [r for r in DETECT_REPEATS if r not in first]
+        first = [r for r in size.detect_repeats if r <= min_rank_repeats(0.01)]
+        later = [r for r in size.detect_repeats if r not in first]
         started = time.monotonic()
         done = ie.run_experiments([detection_pair(r) for r in first] + aa_jobs)
         detection = dict(zip(first, done[:len(first)], strict=True))
@@ -340,7 +346,7 @@ def real_instruction_experiments() -> RealFigures:
         print(f"# {len(detection) + len(aa)} real experiments in {time.monotonic() - started:.0f}"
               f" s; detection verdicts by repeats a side: {verdicts}", file=sys.stderr)
         found = [r for r in sorted(verdicts) if verdicts[r] == REGRESSED]
-        runs = found[0] if found else max(DETECT_REPEATS) + 1
+        runs = found[0] if found else max(size.detect_repeats) + 1
         sides: dict[str, list[float]] = {"baseline": [], "candidate": []}
         for experiment in detection.values():
             for side, values in ie.measured_counts(experiment).items():
@@ -369,17 +375,25 @@ def real_instruction_experiments() -> RealFigures:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny run of every figure (seconds); exits 0 on missed targets")
+    parser.add_argument("--database", default=BENCH_DB,
+                        help="the database of the bench's own on DATABASE_URL's server "
+                             "(created when missing, kept)")
+    args = parser.parse_args()
+    size = SMOKE if args.smoke else FULL
     started = time.monotonic()
-    aa, pyperf_aa = aa_false_alarm_rates()
+    aa, pyperf_aa = aa_false_alarm_rates(size.aa_trials)
     figure("aa_false_alarm_rate", aa, "fraction")
     figure("pyperf_aa_false_alarm_rate", pyperf_aa, "fraction")
-    detected = detection_rate()
+    detected = detection_rate(size.detection_trials)
     figure("detection_rate_10pct_cv5", detected, "fraction")
-    runs = instructions_detect_runs()
+    runs = instructions_detect_runs(size.max_runs)
     figure("instructions_detect_2pct_runs", runs, "runs")
-    data = setup_django()
+    data = setup_django(args.database)
     try:
-        real = real_instruction_experiments()
+        real = real_instruction_experiments(size)
     finally:
         from django.db import connections
 
@@ -389,7 +403,7 @@ def main() -> int:
     figure("instructions_planted_ratio", real.planted_ratio, "ratio")
     figure("aa_no_change_rate_real", real.aa_no_change_rate_real, "ratio")
     figure("instructions_aa_false_alarm_rate_real", real.aa_false_alarm_rate_real, "ratio")
-    no_change, alarms = resampled_aa(real.aa_pool)
+    no_change, alarms = resampled_aa(real.aa_pool, size)
     figure("aa_no_change_rate", no_change, "ratio")
     figure("instructions_aa_false_alarm_rate", alarms, "ratio")
     if real.warmup_excess:
@@ -417,8 +431,9 @@ def main() -> int:
         if not ok
     ]
     if missed:
-        print(f"targets missed: {', '.join(missed)}", file=sys.stderr)
-    return 1 if missed else 0
+        print(f"targets missed: {', '.join(missed)}"
+              + (" (not judged in smoke mode)" if args.smoke else ""), file=sys.stderr)
+    return 1 if missed and not args.smoke else 0
 
 
 if __name__ == "__main__":

@@ -66,8 +66,10 @@ EOF
   return "$status"
 }
 
+usage="usage: bench/gpu_device.sh prepare | run OUT [bench/gpu_worker.py options]"
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) echo "usage: bench/gpu_device.sh prepare | run OUT [bench/gpu_worker.py options]" >&2; exit 2 ;;
+  -h|--help) echo "$usage" ;;
+  *) echo "$usage" >&2; exit 2 ;;
 esac

@@ -12,6 +12,7 @@ merged (the candidate).
 Repeat -1 is the warm-up. Needs torch and triton; plain Python otherwise (no Django).
 """
 
+import argparse
 import json
 import os
 import pathlib
@@ -66,4 +67,6 @@ def main(root: pathlib.Path) -> None:
 
 
 if __name__ == "__main__":
-    main(pathlib.Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=pathlib.Path, help="OUT_DIR: where the executions go")
+    main(parser.parse_args().out)

@@ -2,13 +2,17 @@
 Redis, the web, the worker and the GPU worker), the tuner run on the demo's GPU goal, read back
 through the database and the web pages, as a user would see it.
 
-    python3 bench/gpu_worker.py OUT_DIR [--port 8321] [--deadline 900]
+    python3 bench/gpu_worker.py OUT_DIR [--port 8321] [--deadline 900] [--gpu off] [--goal NAME]
 
 Run it with the Python that holds torch and Triton and the product's packages, as root (the
 sandbox user), with INFRAOPS_SANDBOX_TOOLCHAINS naming that Python's environment when it is not
 under /usr: bench/gpu_device.sh does all of it on the lent H200. Writes OUT_DIR/summary.json
 (the run, each experiment with its queue, worker, timings and errors per length, the change and
 its risk), the pages as HTML and the standalone's log; prints the figures.
+
+`--gpu off` is the smoke test of this script on a machine without a GPU: no GPU worker, and the
+demo's CPU twin of the GPU goal (CPU_GOAL: the same merge, kda/**) unless --goal names another.
+The embedded PostgreSQL is stopped and the data folder removed at the end.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import http.cookiejar
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +39,8 @@ sys.path.insert(0, str(ROOT))
 from infraops.embedded import postgres_url  # noqa: E402  (no Django: before the settings)
 
 GOAL = "Numerics on the GPU: the Triton merge stays close to float64"
+# Without a GPU worker the GPU goal is never started (start_runs: no worker serves its probe).
+CPU_GOAL = "Numerics: the context-parallel merge stays close to the sequential path"
 READY = "InfraOps is running at"
 
 
@@ -42,10 +49,12 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--port", type=int, default=8321)
     parser.add_argument("--deadline", type=float, default=900.0)
-    parser.add_argument("--goal", default=GOAL, help="The demo goal to run (default: the GPU one).")
+    parser.add_argument("--goal", help="The demo goal to run (default: the GPU one; with "
+                                       "--gpu off its CPU twin).")
     parser.add_argument("--gpu", default="on", choices=("on", "off"),
                         help="off: a smoke test of this script on a machine without a GPU.")
     args = parser.parse_args()
+    args.goal = args.goal or (GOAL if args.gpu == "on" else CPU_GOAL)
     args.out.mkdir(parents=True, exist_ok=True)
     data = Path(tempfile.mkdtemp(prefix="infraops-gpu-"))
     env = os.environ | {"INFRAOPS_DATA": str(data), "PYTHONUNBUFFERED": "1"}
@@ -53,6 +62,7 @@ def main() -> int:
         env.pop(name, None)
     log = (args.out / "standalone.log").open("w")
     started = time.monotonic()
+    servers: list[Any] = []  # this process's handle on the embedded PostgreSQL
     standalone = subprocess.Popen(
         [sys.executable, "manage.py", "standalone", "--port", str(args.port), "--gpu", args.gpu,
          "--no-showcase"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -61,7 +71,7 @@ def main() -> int:
         lines = wait_for_page(standalone, log, started + 300)
         password = next(m[1] for line in lines
                         if (m := re.match(r"Created admin \(.*\) with password (\S+)", line)))
-        summary = drive(data, args, password, started, standalone, log)
+        summary = drive(data, args, password, started, standalone, log, servers)
     finally:
         standalone.send_signal(signal.SIGTERM)
         try:
@@ -69,6 +79,11 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             standalone.kill()
         log.close()
+        # The standalone stops its PostgreSQL only when no other process holds it: this one
+        # does, so it stops it now (the last handle), then removes the data.
+        for server in servers:
+            server.cleanup()
+        shutil.rmtree(data, ignore_errors=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     for name, value, unit in summary["figures"]:
         print(f"figure: {name} {value} {unit}")
@@ -104,13 +119,18 @@ def copy_rest(standalone: subprocess.Popen[str], log: Any) -> None:
     threading.Thread(target=pump, daemon=True).start()
 
 
-def setup_django(data: Path, gpu: bool) -> None:
-    """This process on the standalone's own database and Redis."""
+def setup_django(data: Path, gpu: bool, servers: list[Any]) -> None:
+    """This process on the standalone's own database and Redis; its handle on the embedded
+    PostgreSQL goes into `servers` (stopped by its cleanup() when it is the last one)."""
     import pgserver
 
-    server = pgserver.get_server(data / "pgdata", cleanup_mode=None)  # type: ignore[attr-defined]
+    servers.append(pgserver.get_server(data / "pgdata", cleanup_mode="stop"))  # type: ignore[attr-defined]
+    server = servers[-1]
+    # The standalone's key: SECRET_KEY where this environment (so its own) has one, else the
+    # one it made in the data folder.
+    key = os.environ.get("SECRET_KEY") or (data / "secret_key").read_text().strip()
     os.environ |= {
-        "INFRAOPS_DATA": str(data), "SECRET_KEY": (data / "secret_key").read_text().strip(),
+        "INFRAOPS_DATA": str(data), "SECRET_KEY": key,
         "DATABASE_URL": postgres_url(server, "infraops"),
         "REDIS_URL": f"unix://{data / 'redis.sock'}",
         "DJANGO_SETTINGS_MODULE": "infraops.project.settings"}
@@ -122,8 +142,8 @@ def setup_django(data: Path, gpu: bool) -> None:
 
 
 def drive(data: Path, args: argparse.Namespace, password: str, started: float,
-          standalone: subprocess.Popen[str], log: Any) -> dict[str, Any]:
-    setup_django(data, gpu=args.gpu == "on")
+          standalone: subprocess.Popen[str], log: Any, servers: list[Any]) -> dict[str, Any]:
+    setup_django(data, args.gpu == "on", servers)
     from django.core.management import call_command
 
     from agents.models import AgentRun
@@ -137,7 +157,9 @@ def drive(data: Path, args: argparse.Namespace, password: str, started: float,
         time.sleep(1)
     call_command("start_runs", "demo-kernels", goal=[args.goal])
     run_started = time.monotonic()
-    run = AgentRun.objects.get(goal_version__goal__name=args.goal)
+    run = AgentRun.objects.filter(goal_version__goal__name=args.goal).first()
+    if run is None:
+        raise SystemExit(f"start_runs started no run on {args.goal!r} (its output above says why)")
     while not run.is_finished and time.monotonic() < started + args.deadline:
         time.sleep(2)
         run.refresh_from_db()

@@ -1,6 +1,6 @@
 """Hostile patches (reliability rows G1, G2). Prints `figure: <name> <value> <unit>` lines.
 
-    .venv/bin/python bench/hostile_patches.py
+    .venv/bin/python bench/hostile_patches.py [--smoke]
 
 - huge_diff_reject_ms: median wall time of `reviews.diff_policy.check_diff` refusing a
   generated diff of 10,000 files and over 50 MiB (7 runs);
@@ -13,10 +13,14 @@
   the repository's git folder and a canary folder beside them; listing, mtime, size, mode)
   that differ after every case went through the agent's own apply_diff tool.
 Targets (G1, G2): < 2000 ms; < 200 MiB; every case; 0. Exits 1 if one is missed.
+
+--smoke: a huge diff of 100 files (about half a MiB), refused once; the whole corpus as
+always. It shows that the bench runs: a missed target is said, not judged (exit 0).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -49,7 +53,9 @@ from tests.reviews.test_hostile_patches import (  # noqa: E402
 )
 
 HUGE_FILES = 10_000
+HUGE_BYTES = 50 * 2**20  # the diff of HUGE_FILES files is over this
 RUNS = 7
+SMOKE_FILES = 100
 TARGET_MS = 2000
 TARGET_MIB = 200
 
@@ -59,14 +65,14 @@ def figure(name: str, value: float | str, unit: str) -> None:
     print(f"figure: {name} {shown} {unit}", flush=True)
 
 
-def huge_diff_figures() -> tuple[float, float]:
+def huge_diff_figures(files: int = HUGE_FILES, runs: int = RUNS) -> tuple[float, float]:
     """(median ms, peak MiB) of check_diff refusing the huge diff."""
-    diff = many_files(HUGE_FILES, lines=90, width=59)
-    assert len(diff) > 50 * 2**20
+    diff = many_files(files, lines=90, width=59)
+    assert len(diff) > HUGE_BYTES * files // HUGE_FILES
     policy = Policy(editable=["docs/**"], protected=[], forbidden_patterns=["x"],
                     max_diff_lines=400)
     times = []
-    for _ in range(RUNS):
+    for _ in range(runs):
         started = time.perf_counter()
         refused = check_diff(diff, policy)
         times.append((time.perf_counter() - started) * 1000)
@@ -121,7 +127,12 @@ def changed_outside() -> int:
 
 
 def main() -> int:
-    reject_ms, peak_mib = huge_diff_figures()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"a huge diff of {SMOKE_FILES} files, refused once; exits 0")
+    args = parser.parse_args()
+    reject_ms, peak_mib = (huge_diff_figures(SMOKE_FILES, 1) if args.smoke
+                           else huge_diff_figures())
     figure("huge_diff_reject_ms", reject_ms, "ms")
     figure("huge_diff_reject_peak_mib", peak_mib, "MiB")
     handled = corpus_outcomes()
@@ -132,6 +143,9 @@ def main() -> int:
     figure("hostile_files_changed_outside", float(outside), "entries")
     missed = (reject_ms >= TARGET_MS or peak_mib >= TARGET_MIB or handled != len(HOSTILE)
               or outside != 0)
+    if missed and args.smoke:
+        print("targets missed (not judged in smoke mode)", file=sys.stderr)
+        return 0
     return 1 if missed else 0
 
 

@@ -2,7 +2,7 @@
 and resumes (docs/reliability.md W4 and W3).
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/<db> REDIS_URL=redis://127.0.0.1:6379/<n> \\
-      .venv/bin/python bench/live_log.py
+      .venv/bin/python bench/live_log.py [--smoke]
 
 It migrates DATABASE_URL's database, makes a run of its own there (deleted at the end) and
 starts one uvicorn on it as `manage.py standalone` does. The client speaks the protocol of
@@ -17,15 +17,21 @@ static/js/live-log.js: on every (re)connect `{"after": <last row it has>}`.
 - replay (W3): BENCH_REPLAY_LINES (10,000) appended while the client reads, dropping the
   socket at 5 random points and resuming: `ws_replay_gaps`, `ws_replay_duplicates` (0 each),
   `ws_replay_matches_database` (1).
+
+--smoke: one transaction of 500 lines at 5,000 lines/s for the flood (the client catches up in
+about a second) and 300 lines with the 5 cuts for the replay: seconds, to show that it runs.
+The BENCH_ variables, where set, still win.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,7 +47,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.project.settings")
 os.environ.setdefault("SECRET_KEY", "bench-live-log")
-os.environ.setdefault("INFRAOPS_DATA", tempfile.mkdtemp(prefix="bench-live-log-"))
+OWN_DATA: str | None = None
+if "INFRAOPS_DATA" not in os.environ:  # a data folder of its own, removed by remove_own_data
+    OWN_DATA = os.environ["INFRAOPS_DATA"] = tempfile.mkdtemp(prefix="bench-live-log-")
 
 import django  # noqa: E402
 
@@ -64,6 +72,8 @@ from tests.e2e.conftest import _wait_for, free_port, stop_processes  # noqa: E40
 FLOOD_RATE = int(os.environ.get("BENCH_FLOOD_RATE", "10000"))
 FLOOD_SECONDS = float(os.environ.get("BENCH_FLOOD_SECONDS", "10"))
 REPLAY_LINES = int(os.environ.get("BENCH_REPLAY_LINES", "10000"))
+# --smoke: where the BENCH_ variables are not set.
+SMOKE = {"BENCH_FLOOD_RATE": 5000, "BENCH_FLOOD_SECONDS": 0.1, "BENCH_REPLAY_LINES": 300}
 BATCH = 500
 SLOWDOWN = 10  # the slow client reads this many times slower than the producer writes
 
@@ -190,17 +200,16 @@ def tracebacks(log_path: Path) -> int:
 
 
 async def flood(port: int, web: psutil.Process, run: AgentRun, cookie: str,
-                log_path: Path) -> None:
+                log_path: Path, rate: int = FLOOD_RATE, seconds: float = FLOOD_SECONDS) -> None:
     reader = Reader(port, run.pk, cookie)
     await asyncio.to_thread(append_lines, run.pk, 1)
     await reader.read_through(lambda: 1)
     base, peak = web.memory_info().rss, Peak(web)
     end: list[int] = []
-    producer = asyncio.ensure_future(asyncio.to_thread(
-        produce, run.pk, FLOOD_RATE, FLOOD_SECONDS, 1))
+    producer = asyncio.ensure_future(asyncio.to_thread(produce, run.pk, rate, seconds, 1))
     producer.add_done_callback(lambda done: end.append(1 + done.result()))
     began = time.monotonic()
-    await reader.read_through(lambda: end[0] if end else None, FLOOD_RATE / SLOWDOWN)
+    await reader.read_through(lambda: end[0] if end else None, rate / SLOWDOWN)
     figure("ws_flood_client_catch_up_s", round(time.monotonic() - began, 1), "s")
     figure("ws_flood_reconnects", reader.reconnects, "count")
     await reader.drop()
@@ -236,8 +245,8 @@ async def read_with_cuts(port: int, run_id: int, cookie: str, lines: int,
     return reader, points
 
 
-async def replay(port: int, run: AgentRun, cookie: str) -> None:
-    reader, cuts = await read_with_cuts(port, run.pk, cookie, REPLAY_LINES)
+async def replay(port: int, run: AgentRun, cookie: str, lines: int = REPLAY_LINES) -> None:
+    reader, cuts = await read_with_cuts(port, run.pk, cookie, lines)
     seen = [seq for seq, _ in reader.rows]
     gaps = sum(1 for a, b in itertools.pairwise(seen) if b > a + 1)
     figure("ws_replay_disconnects", len(cuts) + reader.reconnects, "count")
@@ -246,6 +255,17 @@ async def replay(port: int, run: AgentRun, cookie: str) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny flood and replay (seconds): it runs, the figures mean little")
+    args = parser.parse_args()
+
+    def size(name: str, full: float) -> float:
+        return float(os.environ.get(name, SMOKE[name])) if args.smoke else full
+
+    rate = int(size("BENCH_FLOOD_RATE", FLOOD_RATE))
+    seconds = size("BENCH_FLOOD_SECONDS", FLOOD_SECONDS)
+    lines = int(size("BENCH_REPLAY_LINES", REPLAY_LINES))
     call_command("migrate", verbosity=0)
     with tempfile.TemporaryDirectory(prefix="bench-live-log-") as work:
         run, user = make_run(Path(work))
@@ -255,15 +275,22 @@ def main() -> None:
         log_path = Path(work) / "web.log"
         try:
             with web_process(log_path) as (port, web):
-                asyncio.run(flood(port, web, run, cookie, log_path))
+                asyncio.run(flood(port, web, run, cookie, log_path, rate, seconds))
                 (Path(work) / "replay").mkdir()
                 replay_run, _ = make_run(Path(work) / "replay")
                 try:
-                    asyncio.run(replay(port, replay_run, cookie))
+                    asyncio.run(replay(port, replay_run, cookie, lines))
                 finally:
                     cleanup(replay_run)
         finally:
             cleanup(run)  # the user stays: the audit log names it, and refuses a delete
+            remove_own_data()
+
+
+def remove_own_data() -> None:
+    """Remove the data folder made at import, if one was."""
+    if OWN_DATA is not None:
+        shutil.rmtree(OWN_DATA, ignore_errors=True)
 
 
 def cleanup(run: AgentRun) -> None:

@@ -8,7 +8,7 @@ DATABASE_URL's server, with the
 example target, a signed-in engineer and a run with steps and events; starts one uvicorn (as
 `manage.py standalone` does) on it; and sends --requests requests from --clients concurrent
 clients (each its own keep-alive connection, one shared session), alternating the dashboard and
-the run page.
+the run page. A smoke run (seconds; it runs, the figures mean little): --requests 40 --clients 4.
 
 History on this machine class (2 cores): 30 clients on one web process gave a p95 of 1.5 s and
 29% 500s ('too many clients': every request thread kept its own connection); a connection
@@ -51,6 +51,8 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import database_create, database_drop, database_url  # noqa: E402
+
 USER, PASSWORD = "loader", "correct horse battery staple"
 
 
@@ -64,15 +66,11 @@ def _admin_url() -> str:
 
 
 def _database(name: str, create: bool) -> str:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(_admin_url(), autocommit=True) as conn:
-        database = sql.Identifier(name)
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(database))
-        if create:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(database))
-    return urlunsplit(urlsplit(_admin_url())._replace(path=f"/{name}"))
+    """Drop the database `name` (and create it again when `create`); its URL."""
+    if create:
+        return database_create(name)
+    database_drop(name)
+    return database_url(name)
 
 
 def connections_of(database: str) -> int:
@@ -258,7 +256,8 @@ def main() -> None:
             status, _, _ = request(port, "GET", path, cookie=cookie)
             if status != 200:
                 raise SystemExit(f"{path} answered {status} before the load")
-        load(port, cookie, paths, 60, 5)  # warm-up: templates, the pool, code paths
+        # Warm-up: templates, the pool, code paths.
+        load(port, cookie, paths, min(60, args.requests), min(5, args.clients))
 
         peak = 0
         stop = threading.Event()

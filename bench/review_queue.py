@@ -1,12 +1,14 @@
 """Review queue figures with 100,000 changes. Prints `figure: <name> <value> <unit>` lines.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres REDIS_URL=redis://127.0.0.1:6379/13 \
-        .venv/bin/python bench/review_queue.py
+        .venv/bin/python bench/review_queue.py [--changes 100000] [--rounds 10] [--smoke] \
+        [--database infraops_bench_queue]
 
-It creates (and drops) its own database `infraops_bench_queue` on DATABASE_URL's server,
-fills it with 100,000 changes over a year (about 9% awaiting review, most of them recent;
-mixed risk classes, 12 targets, 40 goals, generated titles), and measures through Django's
-test client (every middleware, the session, the templates) as a reviewer of two classes:
+It creates (and drops) its own database (--database, `infraops_bench_queue` unless told) on
+DATABASE_URL's server, fills it with 100,000 changes over a year (about 9% awaiting review,
+most of them recent; mixed risk classes, 12 targets, 40 goals, generated titles), and measures
+through Django's test client (every middleware, the session, the templates) as a reviewer of
+two classes:
 
 - queue_page_p95_ms: the full page;
 - queue_partial_p95_ms: the table fragment (HX-Request, HX-Target: queue-table);
@@ -22,12 +24,17 @@ Targets (issue): <= 150 and <= 100.
 BENCH_EXTRA_INDEXES=1 first creates the trigram index on titles (EXTRA_INDEXES, not in the
 schema: pg_trgm may be missing from an embedded PostgreSQL), to measure with and without it;
 BENCH_KEEP_DATABASE=1 keeps the database to EXPLAIN queries.
+
+--smoke: 3,000 changes, 2 rounds, a page 600 rows deep, a few requests for the count and the
+miss (seconds; the figures show that it runs, not how fast the queue is).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -37,12 +44,19 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import database_create, database_drop  # noqa: E402
+
 BENCH_DB = "infraops_bench_queue"
 CHANGES = 100_000
+# More rows than one INSERT may carry (about 2,700 of today's Change), so that a smoke run
+# goes through bulk_create's batching too.
+SMOKE_CHANGES = 3_000
+# PostgreSQL's Bind message counts its parameters in 16 bits: one INSERT takes at most this
+# many, one per field and row (batch_size).
+PG_MAX_PARAMETERS = 65_535
 EXTRA_INDEXES = [
     # icontains is UPPER(title) LIKE UPPER(%s): a trigram index answers a search that matches
     # little without reading every title.
@@ -50,6 +64,9 @@ EXTRA_INDEXES = [
     "CREATE INDEX change_title_trgm ON reviews_change USING gin ((UPPER(title)) gin_trgm_ops)",
 ]
 ROUNDS = 10
+SMOKE_ROUNDS = 2
+PAGE = 25  # rows a queue page shows
+DEEP_ROWS = 2_000  # how deep the deep page is (at full size)
 VERBS = ["Tune", "Raise", "Lower", "Cache", "Batch", "Fuse", "Pin", "Prefetch", "Shard",
          "Quantise", "Reorder", "Inline", "Overlap", "Pipeline", "Drop", "Coalesce"]
 OBJECTS = ["batch_size", "max_queue", "the kv cache block size", "the attention kernel",
@@ -78,30 +95,14 @@ def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20)[-1]
 
 
-def admin_url() -> str:
-    parts = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
-    return urlunsplit(parts._replace(path="/postgres"))
+def batch_size(model: Any) -> int:
+    """Rows per INSERT of bulk_create that stay under PG_MAX_PARAMETERS: one parameter per
+    concrete field and row (the primary key counted too, in case it is set)."""
+    return PG_MAX_PARAMETERS // len(model._meta.concrete_fields)
 
 
-def recreate_database() -> str:
-    import psycopg
-
-    with psycopg.connect(admin_url(), autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    parts = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
-    return urlunsplit(parts._replace(path=f"/{BENCH_DB}"))
-
-
-def drop_database() -> None:
-    import psycopg
-
-    with psycopg.connect(admin_url(), autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-
-
-def setup() -> None:
-    os.environ["DATABASE_URL"] = recreate_database()
+def setup(database: str) -> None:
+    os.environ["DATABASE_URL"] = database_create(database)
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/13")
     os.environ["INFRAOPS_DATA"] = tempfile.mkdtemp(prefix="infraops-bench-queue-")
     os.environ["DJANGO_SETTINGS_MODULE"] = "infraops.project.settings"
@@ -128,12 +129,12 @@ def explicit_created_at() -> Iterator[None]:
         field.auto_now_add = True
 
 
-def seed() -> Any:  # the reviewer
+def seed(changes: int) -> Any:  # the reviewer
     from django.contrib.auth.models import Group, User
     from django.db import connection
     from django.utils import timezone
 
-    from infraops.models import Goal, Target
+    from infraops.models import Goal, Target, TargetMembership
     from reviews.models import Change, ReviewerProfile
 
     rng = random.Random(7)
@@ -143,15 +144,18 @@ def seed() -> Any:  # the reviewer
     owner = User.objects.create_user("erin", password="unused-bench-password")
     targets = [Target.objects.create(name=f"serving-{n}", repo_url=f"/srv/git/serving-{n}.git")
                for n in range(12)]
+    # A reviewer sees the targets they are a member of: all twelve, as one team's reviewer.
+    TargetMembership.objects.bulk_create(
+        TargetMembership(target=target, user=reviewer, role="reviewer") for target in targets)
     goals = [Goal.objects.create(target=targets[n % 12], name=f"goal {n}", probe="latency",
                                  metric="latency_ms", relative_target=0.1, owner=owner)
              for n in range(40)]
     now = timezone.now()
-    step = timedelta(days=365) / CHANGES
+    step = timedelta(days=365) / changes
     diff = "".join(f"-batch_size = {n}\n+batch_size = {n * 2}\n" for n in range(20))
     rows = []
-    for n in range(CHANGES):  # oldest first, so ids rise with created_at as in production
-        created = now - step * (CHANGES - n) + timedelta(seconds=rng.random() * 60)
+    for n in range(changes):  # oldest first, so ids rise with created_at as in production
+        created = now - step * (changes - n) + timedelta(seconds=rng.random() * 60)
         recent = now - created < timedelta(days=7)
         gate = [{"name": name, "passed": rng.random() < 0.8, "detail": "measured"}
                 for name in rng.sample(CHECKS, rng.randint(3, 5))]
@@ -166,7 +170,7 @@ def seed() -> Any:  # the reviewer
             status=rng.choice(NEW_STATUSES if recent else OLD_STATUSES),
             author_label=f"run {n // 7}", created_at=created))
     with explicit_created_at():
-        Change.objects.bulk_create(rows, batch_size=5000)
+        Change.objects.bulk_create(rows, batch_size=batch_size(Change))
     with connection.cursor() as cursor:
         if os.environ.get("BENCH_EXTRA_INDEXES"):
             for statement in EXTRA_INDEXES:
@@ -176,7 +180,7 @@ def seed() -> Any:  # the reviewer
     return reviewer
 
 
-def addresses(client: Any) -> list[str]:
+def addresses(client: Any, changes: int) -> list[str]:
     import re
 
     from infraops.models import Target
@@ -188,7 +192,8 @@ def addresses(client: Any) -> list[str]:
         return found.group(1).replace("&amp;", "&")
 
     deep = "/reviews/?scope=all&status=any"
-    for _ in range(80):  # 80 pages of 25: 2,000 rows deep
+    # 80 pages of 25: 2,000 rows deep; a fifth of every change with fewer of them.
+    for _ in range(min(DEEP_ROWS, changes // 5) // PAGE):
         deep = next_of(deep)
     return [
         "/reviews/", "/reviews/?class=numerics",
@@ -210,12 +215,13 @@ def timed(client: Any, url: str, headers: dict[str, str]) -> tuple[float, int]:
     return elapsed, len(queries)
 
 
-def measure(client: Any, urls: list[str], name: str, headers: dict[str, str]) -> None:
+def measure(client: Any, urls: list[str], name: str, headers: dict[str, str],
+            rounds: int) -> None:
     for url in urls:  # warm-up: templates compiled, connection and plans cached
         timed(client, url, headers)
     times: dict[str, list[float]] = {url: [] for url in urls}
     counts: set[int] = set()
-    for _ in range(ROUNDS):
+    for _ in range(rounds):
         for url in urls:
             elapsed, queries = timed(client, url, headers)
             times[url].append(elapsed)
@@ -229,21 +235,21 @@ def measure(client: Any, urls: list[str], name: str, headers: dict[str, str]) ->
         print(f"  {statistics.median(ts):7.1f} ms median  {shown}")
 
 
-def measure_search_miss(client: Any) -> None:
+def measure_search_miss(client: Any, repeat: int) -> None:
     url = "/reviews/?scope=all&status=any&q=no-such-title"
     headers = {"HX-Request": "true", "HX-Target": "queue-table"}
     timed(client, url, headers)
-    times = [timed(client, url, headers)[0] for _ in range(10)]
+    times = [timed(client, url, headers)[0] for _ in range(repeat)]
     figure("queue_partial_search_miss_all_ms", statistics.median(times), "ms")
 
 
-def measure_count(reviewer: Any) -> None:
+def measure_count(reviewer: Any, repeat: int) -> None:
     from reviews.live import awaiting_for_classes
 
     classes = list(reviewer.reviewer_profile.risk_classes)
     awaiting_for_classes(classes).count()
     times = []
-    for _ in range(80):
+    for _ in range(repeat):
         start = time.perf_counter()
         awaiting_for_classes(classes).count()
         times.append((time.perf_counter() - start) * 1000)
@@ -251,26 +257,38 @@ def measure_count(reviewer: Any) -> None:
 
 
 def main() -> None:
-    setup()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--changes", type=int, help=f"changes to seed ({CHANGES:,})")
+    parser.add_argument("--rounds", type=int, help=f"rounds over the addresses ({ROUNDS})")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"a tiny run: {SMOKE_CHANGES:,} changes, {SMOKE_ROUNDS} rounds")
+    parser.add_argument("--database", default=BENCH_DB,
+                        help="the database to create (and drop) on DATABASE_URL's server")
+    args = parser.parse_args()
+    changes = args.changes or (SMOKE_CHANGES if args.smoke else CHANGES)
+    rounds = args.rounds or (SMOKE_ROUNDS if args.smoke else ROUNDS)
+    setup(args.database)
     try:
         from django.test import Client
 
         start = time.perf_counter()
-        reviewer = seed()
-        print(f"  seeded {CHANGES} changes in {time.perf_counter() - start:.1f} s")
+        reviewer = seed(changes)
+        print(f"  seeded {changes} changes in {time.perf_counter() - start:.1f} s")
         client = Client(HTTP_HOST="localhost")
         client.force_login(reviewer)
-        urls = addresses(client)
-        measure(client, urls, "queue_page", {})
-        measure(client, urls, "queue_partial", {"HX-Request": "true", "HX-Target": "queue-table"})
-        measure_count(reviewer)
-        measure_search_miss(client)
+        urls = addresses(client, changes)
+        measure(client, urls, "queue_page", {}, rounds)
+        measure(client, urls, "queue_partial", {"HX-Request": "true", "HX-Target": "queue-table"},
+                rounds)
+        measure_count(reviewer, 10 if args.smoke else 80)
+        measure_search_miss(client, 3 if args.smoke else 10)
     finally:
         from django.db import connections
 
         connections.close_all()
         if not os.environ.get("BENCH_KEEP_DATABASE"):  # kept: to EXPLAIN the queries after
-            drop_database()
+            database_drop(args.database)
+        shutil.rmtree(os.environ["INFRAOPS_DATA"], ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The risk classifier on its labelled corpus. Prints `figure: <name> <value> <unit>` lines.
 
-    .venv/bin/python bench/risk_corpus.py [--verbose]
+    .venv/bin/python bench/risk_corpus.py [--verbose] [--smoke]
 
 The corpus is tests/reviews/risk_corpus/ (index.toml: each diff, the set of classes it must
 get, empty for a harmless one, and the public fix it is modelled on). Per class, over the
@@ -14,10 +14,13 @@ diffs:
 
 Targets (issue): recall 1.0 and precision >= 0.9 per class, 0 harmless flagged, the 10,000
 lines well under a second. Exits 1 if one is missed. --verbose lists each mismatched diff.
+--smoke: the 10,000 lines classified once rather than best of 5, and a missed target is said,
+not judged (exit 0): it shows that the bench runs.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import time
@@ -74,7 +77,12 @@ def big_diff(entries: list[tuple[str, set[str], str]]) -> str:
 
 
 def main() -> int:
-    verbose = "--verbose" in sys.argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--verbose", action="store_true", help="list each mismatched diff")
+    parser.add_argument("--smoke", action="store_true",
+                        help="classify the big diff once; exits 0")
+    args = parser.parse_args()
+    verbose = args.verbose
     entries = corpus()
     counts = {name: {"tp": 0, "fp": 0, "fn": 0} for name in CLASSES}
     harmless_flagged = 0
@@ -107,7 +115,7 @@ def main() -> int:
         missed.append("risk_harmless_flagged")
     big = big_diff(entries)
     best = float("inf")
-    for _ in range(REPEAT):
+    for _ in range(1 if args.smoke else REPEAT):
         started = time.process_time()
         classify(big)
         best = min(best, time.process_time() - started)
@@ -116,8 +124,9 @@ def main() -> int:
     if best >= 1.0:
         missed.append("risk_classify_10k_lines_s")
     if missed:
-        print(f"targets missed: {', '.join(missed)}", file=sys.stderr)
-    return 1 if missed else 0
+        print(f"targets missed: {', '.join(missed)}"
+              + (" (not judged in smoke mode)" if args.smoke else ""), file=sys.stderr)
+    return 1 if missed and not args.smoke else 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ watchers, whether a watcher that drops five times loses a line, and what an expe
 with charts costs a cold browser.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/<db> REDIS_URL=redis://127.0.0.1:6379/<n> \\
-      .venv/bin/python bench/stream.py
+      .venv/bin/python bench/stream.py [--smoke]
 
 Like bench/live_log.py it migrates DATABASE_URL's database, makes runs of its own there and
 starts one uvicorn on it (after collectstatic, so static files are served hashed and gzipped as
@@ -21,10 +21,14 @@ the server.
   feedback has the A/B chart and waits until the chart is drawn. `experiment_page_first_load_ms`
   (navigation to chart drawn) and `experiment_page_bytes` (every response's size on the wire,
   as the browser's network log counts it; target <= 1.5 MB).
+
+--smoke: 2 watchers for 1 s (50 lines), 300 lines for the loss and the page once, as always:
+seconds, to show that it runs. The BENCH_ variables, where set, still win.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import importlib
@@ -53,6 +57,7 @@ from bench.live_log import (  # noqa: E402
     cleanup,
     make_run,
     read_with_cuts,
+    remove_own_data,
     web_process,
 )
 from infraops.models import Experiment  # noqa: E402
@@ -67,6 +72,10 @@ WATCHERS = int(os.environ.get("BENCH_WATCHERS", "10"))
 RATE = float(os.environ.get("BENCH_RATE", "50"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "20"))
 LOSS_LINES = 10_000
+# --smoke: where the BENCH_ variables are not set.
+SMOKE_WATCHERS = int(os.environ.get("BENCH_WATCHERS", "2"))
+SMOKE_SECONDS = float(os.environ.get("BENCH_SECONDS", "1"))
+SMOKE_LOSS_LINES = 300
 STAMP = re.compile(r"sent at (\d+\.\d+)")
 
 
@@ -150,11 +159,12 @@ async def watch(reader: Reader, last: int, arrivals: list[float]) -> None:
     await reader.drop()
 
 
-async def latency(port: int, run_id: int, cookie: str) -> None:
-    readers = [Reader(port, run_id, cookie) for _ in range(WATCHERS)]
+async def latency(port: int, run_id: int, cookie: str, watchers: int = WATCHERS,
+                  seconds: float = SECONDS) -> None:
+    readers = [Reader(port, run_id, cookie) for _ in range(watchers)]
     for reader in readers:
         await reader.open()
-    count = int(RATE * SECONDS)
+    count = int(RATE * seconds)
     arrivals: list[float] = []
     producer = asyncio.ensure_future(asyncio.to_thread(produce_stamped, run_id, count, RATE))
     await asyncio.gather(*(watch(reader, count, arrivals) for reader in readers))
@@ -167,8 +177,8 @@ async def latency(port: int, run_id: int, cookie: str) -> None:
            "ms")
 
 
-async def loss(port: int, run_id: int, cookie: str) -> None:
-    reader, cuts = await read_with_cuts(port, run_id, cookie, LOSS_LINES)
+async def loss(port: int, run_id: int, cookie: str, lines: int = LOSS_LINES) -> None:
+    reader, cuts = await read_with_cuts(port, run_id, cookie, lines)
     seen = [seq for seq, _ in reader.rows]
     stored = [seq for seq, _ in await asyncio.to_thread(database_transcript, run_id)]
     figure("stream_forced_disconnects", len(cuts), "count")
@@ -219,6 +229,10 @@ def page_load(port: int, experiment_id: int, session: str) -> None:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 watchers for 1 s, 300 lines lost or not, the page once")
+    args = parser.parse_args()
     call_command("migrate", verbosity=0)
     call_command("collectstatic", interactive=False, verbosity=0)
     with tempfile.TemporaryDirectory(prefix="bench-stream-") as work:
@@ -234,14 +248,20 @@ def main() -> None:
             cookie = f"sessionid={session}"
             with web_process(Path(work) / "web.log") as (port, _web), \
                     proxied(port) as (proxy, _loop):
-                asyncio.run(latency(proxy.port, run.pk, cookie))
-                asyncio.run(loss(proxy.port, loss_run.pk, cookie))
+                if args.smoke:
+                    asyncio.run(latency(proxy.port, run.pk, cookie, SMOKE_WATCHERS,
+                                        SMOKE_SECONDS))
+                    asyncio.run(loss(proxy.port, loss_run.pk, cookie, SMOKE_LOSS_LINES))
+                else:
+                    asyncio.run(latency(proxy.port, run.pk, cookie))
+                    asyncio.run(loss(proxy.port, loss_run.pk, cookie))
                 experiment = experiment_with_charts(run.target_id)
                 page_load(proxy.port, experiment.pk, session)
                 experiment.delete()
         finally:
             for made, _ in runs:
                 cleanup(made)
+            remove_own_data()
 
 
 if __name__ == "__main__":
