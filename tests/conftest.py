@@ -184,16 +184,25 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         Path(target).write_text("\n".join(header + slow) + "\n")
 
 
+_slow: set[str] | None = None
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """The tests of tests/slow_tests.txt are marked slow as they are collected, before `-m`
+    selects by markers."""
+    global _slow
+    if _slow is None:
+        _slow = slow_ids()
+    if item.nodeid in _slow:
+        item.add_marker(pytest.mark.slow)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Browser tests run last. Playwright's sync API keeps an event loop running in the test
     thread for the rest of the session once a browser starts, and every later async_to_sync
     in that thread (the websocket tests, live notifications) would then refuse to run. Runs
     after pytest-django's own ordering, keeping it within each part."""
-    slow = slow_ids()
-    for item in items:
-        if item.nodeid in slow:
-            item.add_marker(pytest.mark.slow)
     browser = [item for item in items if item.get_closest_marker("browser")]
     for item in browser:
         # Under pytest-xdist (--dist loadgroup) they run together, in one worker, after
