@@ -45,10 +45,11 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-import openai
-from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnionParam
+if TYPE_CHECKING:
+    import openai
+    from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnionParam
 
 REDACTED = "[REDACTED]"
 
@@ -301,6 +302,10 @@ def chat(
     ``config.api_key`` from everything sent. Retries and raises as the module docstring says;
     ``on_wait(seconds, attempt, reason)`` is told of each wait before it is slept.
     """
+    # Imported here, not at the top: the client library took 0.4 s of every web and worker
+    # process's start (python -X importtime), most of which never call a model.
+    import openai
+
     hidden = (*secrets, config.api_key)
     apply = _redactor(hidden)
     sent_messages = cast(

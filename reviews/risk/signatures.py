@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from re import _parser as _sre  # type: ignore[attr-defined]  # the parser re.compile uses
 from typing import Any
 
@@ -88,6 +89,15 @@ class Signature:
         return RULE_CATEGORY[self.rule]
 
 
+@dataclass(frozen=True)
+class _Index:
+    rules: list[tuple[str, bool, re.Pattern[str]]]  # (rule, searched in the raw line, regex)
+    owners: dict[str, frozenset[int]]
+    hints: re.Pattern[str] | None
+    always: frozenset[int]
+    always_order: list[int]
+
+
 class SignatureSet:
     """Signatures compiled into one alternation per rule, so that a line costs one search per
     rule however many signatures there are; a rule is searched only on lines that contain
@@ -96,6 +106,14 @@ class SignatureSet:
 
     def __init__(self, signatures: Iterable[Signature], flags: int = 0) -> None:
         self.signatures = tuple(signatures)
+        self._flags = flags
+
+    @cached_property
+    def _index(self) -> _Index:
+        """The compiled rules, made at the first search rather than at import: compiling every
+        set took 0.3 s of each web and worker process's start, most of which never classify a
+        diff (measured with python -X importtime)."""
+        flags = self._flags
         # A rule's signatures without required literals (a number, an operator) form a group
         # of their own, so that they do not make the rest of the rule run on every line.
         groups: dict[tuple[str, bool, bool], list[tuple[int, Signature]]] = {}
@@ -105,12 +123,12 @@ class SignatureSet:
             key = (signature.rule, literals[index] is None, signature.raw)
             groups.setdefault(key, []).append((index, signature))
         # (rule, searched in the raw line, regex)
-        self.rules: list[tuple[str, bool, re.Pattern[str]]] = []
+        rules: list[tuple[str, bool, re.Pattern[str]]] = []
         owners: dict[str, set[int]] = {}
         always: set[int] = set()
         for number, ((rule, unhinted, raw), group) in enumerate(groups.items()):
             regex = re.compile("|".join(f"(?P<s{i}>{s.pattern})" for i, s in group), flags)
-            self.rules.append((rule, raw, regex))
+            rules.append((rule, raw, regex))
             if unhinted:
                 always.add(number)
             for hint in set().union(*(literals[i] or set() for i, _ in group)):
@@ -118,12 +136,33 @@ class SignatureSet:
         # One search finds, at every position, the longest literal starting there: the
         # literals as a trie, in a lookahead (7 us a line; a regex per group cost 50, measured).
         # A literal found also stands for the shorter literals it starts with.
-        self._owners = {hint: frozenset().union(*(owners[other] for other in owners
-                                                  if hint.startswith(other)))
-                        for hint in owners}
-        self._hints = re.compile(f"(?=({_trie(owners)}))") if owners else None
-        self._always = frozenset(always)
-        self._always_order = sorted(always)
+        return _Index(
+            rules=rules,
+            owners={hint: frozenset().union(*(owners[other] for other in owners
+                                              if hint.startswith(other)))
+                    for hint in owners},
+            hints=re.compile(f"(?=({_trie(owners)}))") if owners else None,
+            always=frozenset(always), always_order=sorted(always))
+
+    @property
+    def rules(self) -> list[tuple[str, bool, re.Pattern[str]]]:
+        return self._index.rules
+
+    @property
+    def _owners(self) -> dict[str, frozenset[int]]:
+        return self._index.owners
+
+    @property
+    def _hints(self) -> re.Pattern[str] | None:
+        return self._index.hints
+
+    @property
+    def _always(self) -> frozenset[int]:
+        return self._index.always
+
+    @property
+    def _always_order(self) -> list[int]:
+        return self._index.always_order
 
     def _groups(self, text: str) -> set[int]:
         if self._hints is None:

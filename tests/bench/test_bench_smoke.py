@@ -10,7 +10,7 @@ callgrind, are marked e2e: the fast tier (`-m "not e2e and not fuzz"`) keeps the
 Isolation from the suite running beside them: each script gets a database of its own with a
 unique name on DATABASE_URL's server (dropped afterwards; the suite's is test_<name>), created
 from one migrated template per session (BENCH_TEMPLATE_DATABASE) where the script migrates, and
-REDIS_URL's server with another database number (BENCH_REDIS_OFFSET further on, modulo 16;
+a spare Redis database of the test process's own (tests.xdist_workers.spare_redis_url;
 TEST_BENCH_REDIS_URL overrides it): bench/experiments.py empties its Redis database.
 """
 
@@ -34,12 +34,12 @@ import psutil
 import pytest
 
 from bench import TEMPLATE_ENV, database_create, database_drop, database_url
+from tests.xdist_workers import spare_redis_url
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BENCH = ROOT / "bench"
 PYTHON = sys.executable
 FIGURE = re.compile(r"^figure: \S+ \S+ \S+", re.MULTILINE)
-BENCH_REDIS_OFFSET = 8
 LEFTOVER_GRACE_SECONDS = 15
 # Placeholders in Smoke.args, filled per run.
 DATABASE, OUT, PORT = "{database}", "{out}", "{port}"
@@ -121,12 +121,7 @@ def bench_redis_url() -> str:
     """REDIS_URL's server, another database number (TEST_BENCH_REDIS_URL overrides it)."""
     if os.environ.get("TEST_BENCH_REDIS_URL"):
         return os.environ["TEST_BENCH_REDIS_URL"]
-    url = os.environ.get("REDIS_URL", "")
-    if not url.startswith(("redis://", "rediss://")):
-        pytest.fail(f"REDIS_URL={url!r}: the bench smoke runs need a Redis server URL (as "
-                    "scripts/test.sh sets), or TEST_BENCH_REDIS_URL")
-    number = urlsplit(url).path.strip("/") or "0"
-    return with_path(url, f"/{(int(number) + BENCH_REDIS_OFFSET) % 16}")
+    return spare_redis_url(3)
 
 
 def server_url() -> str:

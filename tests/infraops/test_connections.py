@@ -195,8 +195,9 @@ def web_connections() -> int:
     db = connection.settings_dict
     with psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432,
                          user=db["USER"], dbname="postgres", autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-                           [APP_NAME]).fetchone()
+        # This test database's only: another test process's web uses the same name.
+        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                           "AND datname = %s", [APP_NAME, db["NAME"]]).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -346,7 +347,8 @@ def _terminate_web_backends() -> int:
     with psycopg.connect(dbname="postgres", host="127.0.0.1", user="postgres",
                          autocommit=True) as admin:
         row = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                            "WHERE application_name = %s", [APP_NAME]).fetchone()
+                            "WHERE application_name = %s AND datname = %s",
+                            [APP_NAME, connection.settings_dict["NAME"]]).fetchone()
     return int(row[0]) if row else 0
 
 

@@ -49,10 +49,11 @@ from tests.infraops.workers_harness import (
     started_workers,
     wait_until,
 )
+from tests.xdist_workers import spare_redis_url
 
 pytestmark = pytest.mark.e2e
 
-REDIS_DB_URL = "redis://127.0.0.1:6379/11"
+REDIS_DB_URL = spare_redis_url(1)  # this process's own: the tests empty it
 OPEN = (Experiment.Status.QUEUED, Experiment.Status.RUNNING)
 QUICK_PROBE = """import json, os, sys, time
 time.sleep(float(sys.argv[1]))

@@ -32,6 +32,7 @@ from django.db import connection
 
 from infraops.management.commands.standalone import port_free
 from tests.e2e.conftest import free_port
+from tests.xdist_workers import spare_redis_url
 
 START_SECONDS = 120
 STOP_SECONDS = 25
@@ -367,7 +368,7 @@ def test_with_database_and_redis_urls_set_it_uses_those_servers(
     external_database: str, tmp_path: Path
 ) -> None:
     data = fresh_data_folder()
-    redis_url = "redis://127.0.0.1:6379/13"
+    redis_url = spare_redis_url(2)  # this process's own: the system it starts consumes it
     run = start(data, tmp_path / "external.log", DATABASE_URL=external_database,
                 REDIS_URL=redis_url)
     try:

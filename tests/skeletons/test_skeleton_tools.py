@@ -53,7 +53,7 @@ meta = {op_class = "decode", dtype = "fp32", bottleneck = "compute"}
 
 
 @pytest.fixture
-def kernels(db: None, tmp_path: Path) -> Target:
+def kernels(db: None, skeleton_seeds: None, tmp_path: Path) -> Target:
     source = tmp_path / "kernels-src"
     (source / "kda").mkdir(parents=True)
     (source / "infraops.toml").write_text(MANIFEST)
