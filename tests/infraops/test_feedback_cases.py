@@ -23,9 +23,14 @@ WORKER = "cases:1"
 
 
 @pytest.fixture
-def case_target(db: None, tmp_path: Path) -> Callable[[str], Target]:
-    def register(name: str) -> Target:
-        origin = make_origin(tmp_path, case_source(tmp_path, name), f"{name}.git")
+def case_target(db: None, tmp_path: Path) -> Callable[..., Target]:
+    def register(name: str, *, repeat: int | None = None) -> Target:
+        source = case_source(tmp_path, name)
+        if repeat is not None:
+            manifest = source / "infraops.toml"
+            manifest.write_text(re.sub(r"(?m)^repeat = \d+$", f"repeat = {repeat}",
+                                       manifest.read_text()))
+        origin = make_origin(tmp_path, source, f"{name}.git")
         return members_of_new_target(
             target_register(name=name, repo_url=str(origin), base_branch="main"))
 
@@ -128,10 +133,13 @@ def test_numerics_on_the_base_names_the_diverging_case_and_what_to_read_first(
 
 
 def test_concurrency_names_the_spans_that_never_overlap_and_the_criterions_gap(
-    case_target: Callable[[str], Target], tmp_path: Path,
+    case_target: Callable[..., Target], tmp_path: Path,
     django_capture_on_commit_callbacks: Any, client: Any, viewer: Any,
 ) -> None:
-    target = case_target("kv-transfer-gil")
+    # Nine executions a side, not the case's five: the suite runs this beside other test
+    # processes, and five samples of a wall-time gap measured under that load gave a 95%
+    # interval reaching below zero (-6% to +109% around +67%) in one run of the whole suite.
+    target = case_target("kv-transfer-gil", repeat=9)
     criterion = {"kind": "relation", "probe": "prefill-kv", "metric": "step_ms",
                  "variant": "scenario=prefill_kv", "reference_variant": "scenario=prefill",
                  "comparison": "<=", "value": 0.05,
