@@ -32,42 +32,30 @@ if [ "$#" -gt 0 ]; then
   echo "== pytest"; exec "${pytest_parallel[@]}" "$@"
 fi
 
-# The whole suite, in three parts side by side, each on its own test database and Redis
-# databases so they never meet:
-# - the fuzz (CPU-bound page rendering, minutes);
-# - the browser tests, in a process of their own: Playwright's sync API keeps an event loop
-#   running in its thread for the rest of the process, so nothing else may follow them there,
-#   and they spend most of their time waiting on Chromium and the system's processes;
-# - the rest, in the pytest-xdist processes above.
+# The whole suite: the fuzz (CPU-bound page rendering, minutes) runs beside the rest, on its
+# own test database and Redis database. The browser tests run last in one of the xdist
+# processes (tests/conftest.py groups them): by then the machine is quieter, and nothing else
+# may follow them in a process (Playwright's sync API keeps an event loop in its thread).
 with_path() {  # URL $1 with its path replaced by $2
   .venv/bin/python -c 'import sys, urllib.parse as u
 print(u.urlunsplit(u.urlsplit(sys.argv[1])._replace(path=sys.argv[2])))' "$1" "$2"
 }
 fuzz_db="${TEST_FUZZ_DATABASE_URL:-$(with_path "$DATABASE_URL" /infraops_fuzz)}"
 fuzz_redis="${TEST_FUZZ_REDIS_URL:-$(with_path "$REDIS_URL" /15)}"
-browser_db="${TEST_BROWSER_DATABASE_URL:-$(with_path "$DATABASE_URL" /infraops_browser)}"
-# Below the xdist processes' databases and their spares (tests/xdist_workers.py).
-browser_redis="${TEST_BROWSER_REDIS_URL:-$(with_path "$REDIS_URL" /6)}"
-logs="$(mktemp -d -t infraops-test.XXXXXX)"
-echo "== pytest (the fuzz and the browser tests beside the rest; their output follows at the end)"
+fuzz_log="$(mktemp -t infraops-fuzz.XXXXXX)"
+echo "== pytest (the fuzz beside the rest; its output follows at the end)"
 # Niced: it has no clock to beat, and the others wait on real processes that need the CPU
 # when they wake; the fuzz takes what they leave.
 DATABASE_URL="$fuzz_db" REDIS_URL="$fuzz_redis" nice -n 10 .venv/bin/pytest -m fuzz -q \
-  >"$logs/fuzz" 2>&1 &
+  >"$fuzz_log" 2>&1 &
 fuzz_pid=$!
-DATABASE_URL="$browser_db" REDIS_URL="$browser_redis" .venv/bin/pytest -m "browser and not fuzz" \
-  -q --durations=10 >"$logs/browser" 2>&1 &
-browser_pid=$!
 status=0
-"${pytest_parallel[@]}" -m "not fuzz and not browser" || status=$?
-# pytest exits 5 when it collects nothing: a part without tests is not a failure.
-for part in browser fuzz; do
-  pid_var="${part}_pid"
-  part_status=0
-  wait "${!pid_var}" || part_status=$?
-  echo "== pytest ($part)"
-  cat "$logs/$part"
-  if [ "$part_status" -ne 0 ] && [ "$part_status" -ne 5 ]; then status=$part_status; fi
-done
-rm -rf "$logs"
+"${pytest_parallel[@]}" -m "not fuzz" || status=$?
+fuzz_status=0
+wait "$fuzz_pid" || fuzz_status=$?
+echo "== pytest -m fuzz"
+cat "$fuzz_log"
+rm -f "$fuzz_log"
+# pytest exits 5 when it collects nothing: a suite without fuzz tests is not a failure.
+if [ "$fuzz_status" -ne 0 ] && [ "$fuzz_status" -ne 5 ]; then status=$fuzz_status; fi
 exit "$status"

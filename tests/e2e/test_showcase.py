@@ -39,6 +39,9 @@ def live_env(demo_model: OpenAIStub) -> dict[str, str]:
             "INFRAOPS_MODEL": MODEL}
 
 
+# The page's own deadline is SHOWCASE_DEADLINE: pytest's per-test limit (300 s) must not cut
+# it shorter.
+@pytest.mark.timeout(SHOWCASE_DEADLINE // 1000 + 120)
 def test_a_newcomer_watches_the_showcase_find_the_three_problems(
         live_system: str, page: Page, engineer: User, reviewer: User, demo_model: OpenAIStub,
         settings: Any, skeleton_seeds: None) -> None:
