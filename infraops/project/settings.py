@@ -360,6 +360,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "infraops.project.context_processors.infraops",
+                "reviews.context_processors.review_queue",
             ],
         },
     },
