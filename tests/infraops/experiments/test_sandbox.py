@@ -554,6 +554,7 @@ except OSError:
 """
 
 
+@pytest.mark.xdist_group("shared-sandbox-uid")  # as the bombs of test_sandbox_limits.py
 def test_fork_bomb_is_contained(
     dirs: Dirs, watch: NamespaceWatch, caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -46,6 +46,10 @@ IS_ROOT = os.geteuid() == 0
 ROOT = Path(__file__).resolve().parents[3]
 # Generous: a loaded 2-core machine may take seconds to start a sandbox. No test asserts a time.
 DEADLINE = 120.0
+# The fork bombs fill the process count of the sandbox uid that runs without a pool, which every
+# such sandbox shares: under pytest-xdist they take turns in one worker process, or a bomb of
+# one test leaves another's none to start bubblewrap with.
+SHARED_UID = pytest.mark.xdist_group("shared-sandbox-uid")
 
 
 def _controllers() -> set[str]:
@@ -145,6 +149,7 @@ sys.exit(sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in ch
 
 
 @needs_pids
+@SHARED_UID
 def test_a_fork_bomb_in_one_run_does_not_fail_a_concurrent_run(dirs: Dirs) -> None:
     bomb = make_dirs("infraops-limits-test-")
     try:
@@ -208,6 +213,7 @@ def _uids(pool: range) -> str:
 @pytest.mark.skipif(not IS_ROOT, reason="only root can run sandboxes as other uids")
 @needs_bwrap
 @pytest.mark.parametrize("pool", [UID_POOL, range(0)], ids=["uid-pool", "one-uid"])
+@SHARED_UID
 def test_without_control_groups_a_fork_bomb_fails_another_run_only_when_they_share_a_uid(
     pool: range, dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
