@@ -3,8 +3,12 @@
 # registry and runs Python 3.12 with torch and Triton in /opt/torch/.venv, so what the product
 # needs beyond it travels in .gpu-carry/ (ignored by git), made here first:
 #
-#   bench/gpu_device.sh prepare     # here: the wheels for Python 3.12 and bubblewrap's .deb
-#   bench/gpu_device.sh run OUT     # there (as root): set up, the GPU tests, bench/gpu_worker.py
+#   bench/gpu_device.sh prepare         # here: the wheels for Python 3.12 and bubblewrap's .deb
+#   bench/gpu_device.sh run OUT         # there (as root): set up, bench/gpu_worker.py, the GPU tests
+#   bench/gpu_device.sh run OUT --fla   # the same on the flash-linear-attention targets
+#   bench/gpu_device.sh record OUT      # there: bench/fla_record.py (every knob setting, raw)
+#
+# GPU_TESTS=0 leaves the GPU tests out of `run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 carry=.gpu-carry
@@ -27,13 +31,11 @@ prepare() {
   du -sh "$carry"
 }
 
-run() {
-  out=${1:?OUT folder}
-  mkdir -p "$out"
+setup() {
   # bubblewrap from Debian's package, where the sandbox looks for it.
   dpkg -x "$carry"/debs/bubblewrap_*.deb /tmp/bwrap-deb && install /tmp/bwrap-deb/usr/bin/bwrap /usr/local/bin/
   id -u infraops-sandbox >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin infraops-sandbox
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$carry"/wheels/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$carry"/wheels/*.whl
   export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
   cc -O2 -Wall -Wextra -Werror -o "$(dirname "$(python3 -c 'import sys; print(sys.executable)')")/infraops-sandbox-supervisor" \
     infraops/experiments/sandbox/supervisor.c || echo "no compiled supervisor: the Python one runs"
@@ -46,6 +48,19 @@ run() {
     mkdir -p /sys/fs/cgroup/infraops && export INFRAOPS_SANDBOX_CGROUP=/sys/fs/cgroup/infraops
   fi
   nvidia-smi -L
+}
+
+record() {
+  out=${1:?OUT folder}
+  mkdir -p "$out"
+  setup
+  python3 bench/fla_record.py "$out" "${@:2}"
+}
+
+run() {
+  out=${1:?OUT folder}
+  mkdir -p "$out"
+  setup
   # The end-to-end run first; then the GPU tests (they skip without a GPU) on an embedded
   # PostgreSQL and Redis of their own.
   PYTHONPATH=/tmp/site:. python3 - <<'EOF' >/tmp/test-services.env
@@ -59,6 +74,7 @@ print("export REDIS_URL=unix:///tmp/test-redis.sock")
 EOF
   status=0
   python3 bench/gpu_worker.py "$out" "${@:2}" || status=$?
+  [ "${GPU_TESTS:-1}" = 0 ] && return "$status"
   (source /tmp/test-services.env && DJANGO_ALLOW_ASYNC_UNSAFE=true timeout "${GPU_TESTS_SECONDS:-300}" \
     python3 -m pytest -o addopts="" -p no:cacheprovider -q -rs tests/infraops/experiments/test_accelerators.py \
     tests/infraops/experiments/test_gpu_probes.py >"$out/gpu-tests.log" 2>&1) || status=$?
@@ -66,10 +82,11 @@ EOF
   return "$status"
 }
 
-usage="usage: bench/gpu_device.sh prepare | run OUT [bench/gpu_worker.py options]"
+usage="usage: bench/gpu_device.sh prepare | run OUT [bench/gpu_worker.py options] | record OUT [bench/fla_record.py options]"
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
+  record) shift; record "$@" ;;
   -h|--help) echo "$usage" ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac

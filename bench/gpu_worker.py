@@ -3,6 +3,12 @@ Redis, the web, the worker and the GPU worker), the tuner run on the demo's GPU 
 through the database and the web pages, as a user would see it.
 
     python3 bench/gpu_worker.py OUT_DIR [--port 8321] [--deadline 900] [--gpu off] [--goal NAME]
+    python3 bench/gpu_worker.py OUT_DIR --fla [--deadline 900]
+
+`--fla`: the flash-linear-attention targets instead (examples/fla-kda, examples/fla-cp, built
+from the installed fla-core): the standalone with its scripted model (`--demo-llm`), then every
+goal of both, the KDA tuner, the CP tuner and the CP LLM agent, run at once (the GPU worker
+takes their experiments one at a time).
 
 Run it with the Python that holds torch and Triton and the product's packages, as root (the
 sandbox user), with INFRAOPS_SANDBOX_TOOLCHAINS naming that Python's environment when it is not
@@ -53,6 +59,8 @@ def main() -> int:
                                        "--gpu off its CPU twin).")
     parser.add_argument("--gpu", default="on", choices=("on", "off"),
                         help="off: a smoke test of this script on a machine without a GPU.")
+    parser.add_argument("--fla", action="store_true",
+                        help="Run the goals of the flash-linear-attention targets.")
     args = parser.parse_args()
     args.goal = args.goal or (GOAL if args.gpu == "on" else CPU_GOAL)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -65,8 +73,8 @@ def main() -> int:
     servers: list[Any] = []  # this process's handle on the embedded PostgreSQL
     standalone = subprocess.Popen(
         [sys.executable, "manage.py", "standalone", "--port", str(args.port), "--gpu", args.gpu,
-         "--no-showcase"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
+         "--no-showcase", *(["--demo-llm"] if args.fla else [])], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = wait_for_page(standalone, log, started + 300)
         password = next(m[1] for line in lines
@@ -87,7 +95,8 @@ def main() -> int:
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     for name, value, unit in summary["figures"]:
         print(f"figure: {name} {value} {unit}")
-    return 0 if summary["run"]["status"] == "succeeded" else 1
+    runs = summary.get("runs") or [summary]
+    return 0 if all(run["run"]["status"] == "succeeded" for run in runs) else 1
 
 
 def wait_for_page(standalone: subprocess.Popen[str], log: Any, deadline: float) -> list[str]:
@@ -155,6 +164,8 @@ def drive(data: Path, args: argparse.Namespace, password: str, started: float,
         if time.monotonic() > started + 300 or standalone.poll() is not None:
             raise SystemExit(f"no live worker consumes {queue}")
         time.sleep(1)
+    if args.fla:
+        return drive_fla(args, password, started, page_seconds)
     call_command("start_runs", "demo-kernels", goal=[args.goal])
     run_started = time.monotonic()
     run = AgentRun.objects.filter(goal_version__goal__name=args.goal).first()
@@ -170,6 +181,48 @@ def drive(data: Path, args: argparse.Namespace, password: str, started: float,
     return summary
 
 
+FLA_TARGETS = ("fla-kda", "fla-cp")
+
+
+def drive_fla(args: argparse.Namespace, password: str, started: float, page_seconds: float
+              ) -> dict[str, Any]:
+    """Every goal of the flash-linear-attention targets at once; each run described, its pages
+    read, its figures named after its goal's target and policy."""
+    from django.core.management import call_command
+
+    from agents.models import AgentRun
+
+    for target in FLA_TARGETS:
+        call_command("start_runs", target)
+    run_started = time.monotonic()
+    runs = list(AgentRun.objects.filter(goal_version__goal__target__name__in=FLA_TARGETS)
+                .select_related("goal_version__goal__target").order_by("pk"))
+    if not runs:
+        raise SystemExit("start_runs started no run on the fla targets (its output above says "
+                         "why: is fla-core installed, is a GPU worker coming?)")
+    while (any(not run.is_finished for run in runs)
+           and time.monotonic() < started + args.deadline):
+        time.sleep(5)
+        for run in runs:
+            run.refresh_from_db()
+    described = []
+    found: list[tuple[str, float, str]] = [("gpu_standalone_page_s", round(page_seconds, 1),
+                                            "s")]
+    for run in runs:
+        goal = run.goal_version.goal
+        name = f"{goal.target.name}_{goal.policy}".replace("-", "_")
+        summary = describe(run)
+        summary["goal"] = {"target": goal.target.name, "name": goal.name,
+                           "policy": goal.policy}
+        summary["pages"] = fetch_pages(args, password, run, summary, prefix=name)
+        summary["figures"] = [(f"{name}_{figure}", value, unit) for figure, value, unit in
+                              figures(summary, page_seconds, time.monotonic() - run_started)
+                              if figure != "gpu_standalone_page_s"]
+        found += summary["figures"]
+        described.append(summary)
+    return {"runs": described, "figures": found}
+
+
 def describe(run: Any) -> dict[str, Any]:
     """The run, its experiments (queue, worker, errors per length) and its change."""
     from reviews.models import Change
@@ -182,7 +235,12 @@ def describe(run: Any) -> dict[str, Any]:
                   if c["metric"] == "rel_error"}
         executions = list(experiment.executions.order_by("pk").values(
             "probe", "side", "variant", "repeat_index", "exit_code", "wall_seconds"))
+        comparisons = [
+            [c["metric"], c.get("case") or "", c.get("variant") or "", c["baseline_median"],
+             c["candidate_median"], c.get("verdict")]
+            for c in (experiment.summary or {}).get("comparisons", [])]
         experiments.append({
+            "comparisons": comparisons,
             "pk": experiment.pk, "status": experiment.status, "queue": experiment.queue,
             "probes": experiment.probes, "failure": experiment.failure_reason,
             "claimed_by": experiment.claimed_by, "executions": len(executions),
@@ -202,7 +260,7 @@ def describe(run: Any) -> dict[str, Any]:
 
 
 def fetch_pages(args: argparse.Namespace, password: str, run: Any,
-                summary: dict[str, Any]) -> dict[str, int]:
+                summary: dict[str, Any], prefix: str = "") -> dict[str, int]:
     """Log in to the running web as admin and read the pages a user would open."""
     base = f"http://127.0.0.1:{args.port}"
     opener = urllib.request.build_opener(
@@ -224,7 +282,8 @@ def fetch_pages(args: argparse.Namespace, password: str, run: Any,
     for name, path in pages.items():
         with opener.open(f"{base}{path}", timeout=60) as response:
             statuses[name] = response.status
-            (args.out / f"{name}.html").write_bytes(response.read())
+            (args.out / f"{prefix}{'-' if prefix else ''}{name}.html").write_bytes(
+                response.read())
     return statuses
 
 
@@ -241,9 +300,13 @@ def figures(summary: dict[str, Any], page_seconds: float, run_seconds: float
     if trials and trials[0].get("baseline") is not None:
         found.append(("gpu_max_rel_error_base", trials[0]["baseline"], "ratio"))
     for trial in trials:
-        value = trial.get("params", {}).get("input_precision")
+        params = trial.get("params", {})
+        value = params.get("input_precision")
         if value and trial.get("candidate") is not None:
             found.append((f"gpu_max_rel_error_{value}", trial["candidate"], "ratio"))
+        elif params and trial.get("objective") is not None:  # the other targets' knobs
+            shown = "_".join(f"{k}{v}" for k, v in sorted(params.items()))
+            found.append((f"trial_{shown}_candidate_vs_base", trial["objective"], "ratio"))
     return found
 
 

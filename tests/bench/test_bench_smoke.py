@@ -83,6 +83,10 @@ NOT_HERE: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_device.sh": ("runs on the lent GPU machine only, as root, from .gpu-carry/ (installs "
                       "bubblewrap, a user, wheels; needs nvidia-smi): docs/gpu.md",
                       ("bash", "bench/gpu_device.sh", "--help")),
+    "fla_record.py": ("needs a CUDA GPU with torch, Triton and fla-core; it records the "
+                      "flash-linear-attention probes at every knob setting for "
+                      "tests/infraops/experiments/test_fla_replay.py and docs/gpu.md",
+                      (PYTHON, "bench/fla_record.py", "--help")),
     "gpu_record.py": ("needs a CUDA GPU with torch and Triton; it records executions for "
                       "tests/infraops/test_gpu_probes.py and prints no figures",
                       (PYTHON, "bench/gpu_record.py", "--help")),
