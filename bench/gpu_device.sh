@@ -23,6 +23,7 @@ prepare() {
     $(for n in 39 34 31 28 27 24 17 5; do echo --platform manylinux_2_${n}_x86_64; done) \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
     -d "$carry/wheels" -r "$carry/requirements.txt"
+  python3 -m pip download -q --no-deps --require-hashes -d "$carry/wheels" -r requirements-gpu.txt
   (cd "$carry/wheels" && rm -f numpy-* setuptools-* pyyaml-* psutil-* packaging-* six-* idna-* \
     typing_extensions-* tqdm-* click-8* msgpack-* narwhals-* uvloop-* python_dateutil-* \
     anyio-* h11-* markupsafe-* httptools-* watchfiles-* websockets-* pytest-[0-9]* \

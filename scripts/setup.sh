@@ -23,11 +23,15 @@ id -u infraops-sandbox >/dev/null 2>&1 || useradd --system --no-create-home --sh
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-stamp=.venv/.requirements-$(cat requirements.txt requirements-dev.txt | sha256sum | cut -c1-16)
+stamp=.venv/.requirements-$(cat requirements.txt requirements-dev.txt requirements-gpu.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   echo "Installing Python packages into .venv (about two minutes the first time; log: .venv/pip.log)"
   { .venv/bin/pip install --progress-bar off --upgrade pip &&
-    .venv/bin/pip install --progress-bar off -r requirements-dev.txt; } > .venv/pip.log 2>&1 &
+    .venv/bin/pip install --progress-bar off -r requirements-dev.txt &&
+    # The release the FLA examples are built from (examples/*/source.toml), files only: a
+    # separate call, since hash-checking mode cannot mix with the unhashed files above.
+    .venv/bin/pip install --progress-bar off --require-hashes --no-deps -r requirements-gpu.txt
+  } > .venv/pip.log 2>&1 &
   pip_pid=$!
   started=$SECONDS
   report=10

@@ -1,18 +1,38 @@
-"""manage.py adduser and load_example: a new installation's first users see its first target.
+"""manage.py adduser, load_example and prepare: a new installation's first users see its
+first target; the FLA examples are built from the installed release, and loaded only where
+they can run.
 
 With per-target access (infraops.access) a user who is no member of a target sees nothing of
 it, so the commands that make the first users and the example target make them members."""
 
 from __future__ import annotations
 
+import shutil
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 
+from agents.models import AgentRun
+from infraops import gitops
 from infraops.access import target_role, visible_targets
+from infraops.management.commands import load_example
 from infraops.models import Target
 
 pytestmark = pytest.mark.django_db
+
+EXAMPLES = Path(settings.BASE_DIR) / "examples"
+TF32 = b"CP_DOT_PRECISION = tl.constexpr('ieee' if IS_NPU else 'tf32')"
+# Where an FLA example has no manifest of its own yet: enough for a target to register.
+MINIMAL_MANIFEST = """[[probe]]
+name = "imports"
+layer = "correctness"
+command = "python -c 'import fla'"
+"""
 
 
 def test_load_example_makes_the_existing_role_holders_members_in_their_first_role() -> None:
@@ -43,3 +63,104 @@ def test_adduser_target_makes_the_user_a_member_and_an_unknown_target_changes_no
     with pytest.raises(CommandError, match="No target named 'nope': nothing was changed"):
         call_command("adduser", "newcomer", "--role", "viewer", "--target", "nope")
     assert not User.objects.filter(username="newcomer").exists()
+
+
+@pytest.fixture
+def examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A copy of examples/ that load_example reads instead: the FLA examples as they are (a
+    minimal infraops.toml where one has none yet), the others linked."""
+    folder = tmp_path / "examples"
+    folder.mkdir()
+    for entry in EXAMPLES.iterdir():
+        if entry.name not in ("fla-kda", "fla-cp"):
+            (folder / entry.name).symlink_to(entry)
+            continue
+        shutil.copytree(entry, folder / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
+        manifest = folder / entry.name / "infraops.toml"
+        if not manifest.exists():
+            manifest.write_text(MINIMAL_MANIFEST)
+    monkeypatch.setattr(load_example, "EXAMPLES", folder)
+    return folder
+
+
+def test_load_example_fla_cp_commits_the_installed_release_with_the_tf32_merge(
+    examples: Path, data_dir: Path,
+) -> None:
+    call_command("load_example", "fla-cp", stdout=StringIO())
+
+    assert Target.objects.filter(name="fla-cp").exists()
+    origin = data_dir / "examples" / "fla-cp.git"
+    merge = gitops.read_file(origin, "main", "fla/ops/cp/chunk_merge.py")
+    assert merge is not None and merge.count(TF32) == 1
+    files = set(gitops.list_files(origin, "main"))
+    assert {"fla/ops/kda/fused_recurrent.py", "LICENSES/fla-core/LICENSE", "infraops.toml"} <= files
+    assert "source.toml" not in files
+    message = gitops.git(origin, "log", "-1", "--format=%B", "main")
+    assert message.startswith("fla-cp: the bundled example, built from fla-core 0.6.0 (fla)")
+
+
+def test_load_example_refuses_a_malformed_source_toml_and_makes_no_repository(
+    examples: Path, data_dir: Path,
+) -> None:
+    (examples / "fla-cp" / "source.toml").write_text('[[distribution]]\nname = "fla-core"\n')
+
+    refused = (r"^Example fla-cp: source\.toml: line 1, distribution\[1\], field version: "
+               r"version is required")
+    with pytest.raises(CommandError, match=refused):
+        call_command("load_example", "fla-cp", stdout=StringIO())
+    assert not (data_dir / "examples" / "fla-cp.git").exists()
+    assert not Target.objects.filter(name="fla-cp").exists()
+
+
+def prepare(settings: Any, tmp_path: Path, *args: str) -> str:
+    settings.STATIC_ROOT = tmp_path / "static"
+    out = StringIO()
+    call_command("prepare", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+@pytest.mark.usefixtures("fast_password_hashing")
+def test_prepare_without_a_gpu_worker_says_why_it_loads_no_fla_example(
+    settings: Any, tmp_path: Path,
+) -> None:
+    settings.GPU_WORKER = False
+    said = prepare(settings, tmp_path, "--no-showcase")
+    assert "Not loading fla-kda and fla-cp: no GPU worker here to run their probes" in said
+    assert set(Target.objects.values_list("name", flat=True)) == {"tiny-serving", "demo-kernels"}
+
+
+@pytest.mark.usefixtures("fast_password_hashing")
+def test_prepare_with_a_gpu_worker_but_another_release_says_what_to_install(
+    settings: Any, tmp_path: Path, examples: Path,
+) -> None:
+    settings.GPU_WORKER = True
+    source = examples / "fla-kda" / "source.toml"
+    source.write_text(source.read_text().replace('version = "0.6.0"', 'version = "0.7.0"'))
+    said = prepare(settings, tmp_path, "--no-showcase")
+    assert ("Not loading fla-kda and fla-cp: fla-core 0.6.0 is installed, but the example is "
+            "built from 0.7.0: run `pip install --require-hashes --no-deps -r "
+            "requirements-gpu.txt`.") in said
+    assert not Target.objects.filter(name__startswith="fla-").exists()
+
+
+@pytest.mark.usefixtures("fast_password_hashing")
+def test_prepare_with_a_gpu_worker_loads_the_fla_examples_and_starts_only_the_named_showcase(
+    settings: Any, tmp_path: Path, examples: Path,
+) -> None:
+    settings.GPU_WORKER = True
+    said = prepare(settings, tmp_path, "--showcase-only", "fla-kda")
+    assert {"fla-kda", "fla-cp"} <= set(Target.objects.values_list("name", flat=True))
+    assert "No showcase on fla-kda: it has no goals (examples/fla-kda.goals.toml)." in said
+    assert not AgentRun.objects.exists()  # demo-kernels' showcase was left out
+
+
+@pytest.mark.parametrize("args", [
+    ["--showcase-only", "tiny-serving"],
+    ["--no-showcase", "--showcase-only", "fla-kda"],
+], ids=["not-a-showcase-target", "with-no-showcase"])
+@pytest.mark.parametrize("command", ["prepare", "standalone"])
+def test_a_showcase_only_that_cannot_be_honoured_is_refused_before_anything_starts(
+    command: str, args: list[str],
+) -> None:
+    with pytest.raises(CommandError, match="argument --showcase-only"):
+        call_command(command, *args)

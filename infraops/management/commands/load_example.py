@@ -2,10 +2,15 @@
 (examples/NAME.goals.toml), each with its boundary and criteria. Idempotent: a second load
 adds what is missing and changes nothing else. (`manage.py start_runs NAME` then starts a run
 on each goal: the standalone's showcase.)
+
+The first load makes the example's repository from its folder; a folder with a source.toml
+is built from a pinned public release first (infraops/example_sources.py): its own files,
+the installed release's packages checked against their RECORD, then the edits.
 """
 
 from __future__ import annotations
 
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -15,8 +20,9 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from infraops import gitops
+from infraops import example_sources, gitops
 from infraops.errors import DomainError
+from infraops.example_sources import ExampleSourceError
 from infraops.models import AcceptanceCriterion, Boundary, Goal, Target
 from infraops.services.goals import goal_snapshot
 from infraops.services.targets import target_add_role_holders, target_register
@@ -49,8 +55,10 @@ class Command(BaseCommand):
         origin = Path(settings.DATA_DIR) / "examples" / f"{name}.git"
         if not origin.exists():
             origin.parent.mkdir(parents=True, exist_ok=True)
-            gitops.repo_init_from_dir(source, origin, branch="main",
-                                      message=f"{name}: the bundled example")
+            try:
+                _repository_init(name, source, origin)
+            except ExampleSourceError as exc:
+                raise CommandError(f"Example {name}: {exc}") from None
         target = Target.objects.filter(name=name).first()
         if target is not None:
             return target
@@ -82,6 +90,20 @@ class Command(BaseCommand):
         except (ValidationError, TypeError) as exc:
             raise CommandError(f"Goal {spec['name']!r} of {target.name}: {exc}") from None
         return goal
+
+
+def _repository_init(name: str, source: Path, origin: Path) -> None:
+    """The example's bare repository at ``origin``: one commit of its folder, or of the tree
+    its source.toml builds (in a temporary folder, so a refused build leaves no repository)."""
+    built_from = example_sources.source_read(source)
+    if built_from is None:
+        gitops.repo_init_from_dir(source, origin, branch="main",
+                                  message=f"{name}: the bundled example")
+        return
+    with tempfile.TemporaryDirectory(prefix=f"infraops-example-{name}-") as tree:
+        example_sources.tree_build(example=source, source=built_from, dest=Path(tree))
+        gitops.repo_init_from_dir(Path(tree), origin, branch="main",
+                                  message=example_sources.commit_message(name, built_from))
 
 
 def _goal_specs(name: str) -> list[dict[str, Any]]:

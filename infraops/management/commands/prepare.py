@@ -1,8 +1,10 @@
-"""manage.py prepare [--no-example] [--no-showcase]: what `standalone` does before it starts
-its processes, in one process: migrate, collect the static files, create the first users on
-the first start, load the example targets (tiny-serving, and demo-kernels with a goal per case
-of docs/product.md) and, on the first start, the showcase: a run on each of the demo's goals
-(`start_runs`), queued for the worker that standalone starts next.
+"""manage.py prepare [--no-example] [--no-showcase | --showcase-only TARGET ...]: what
+`standalone` does before it starts its processes, in one process: migrate, collect the static
+files, create the first users on the first start, load the example targets (tiny-serving, and
+demo-kernels with a goal per case of docs/product.md; where a GPU worker will run and
+flash-linear-attention's pinned release is installed, fla-kda and fla-cp) and, on the first
+start, the showcase: a run on each goal of demo-kernels and of the FLA targets that were
+loaded (`start_runs`), queued for the workers that standalone starts next.
 
 One process instead of one per step: Django's start-up is paid once (a warm start of the
 standalone spent most of its time starting Python for each step). The first users are made
@@ -15,11 +17,20 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from infraops.example_sources import ExampleSourceError, source_problem, source_read
+from infraops.management.commands import load_example
+from infraops.models import Goal
 
 EXAMPLES = ("tiny-serving", "demo-kernels")
+# Built from flash-linear-attention's pinned release (examples/<name>/source.toml); their
+# probes need a GPU, so they are loaded only where a GPU worker will run.
+GPU_EXAMPLES = ("fla-kda", "fla-cp")
+SHOWCASE = ("demo-kernels", *GPU_EXAMPLES)
 
 
 class Command(BaseCommand):
@@ -27,8 +38,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--no-example", action="store_true")
-        parser.add_argument("--no-showcase", action="store_true",
-                            help="Load the demo, but start no run on it.")
+        showcase = parser.add_mutually_exclusive_group()
+        showcase.add_argument("--no-showcase", action="store_true",
+                              help="Load the demo, but start no run on it.")
+        showcase.add_argument(
+            "--showcase-only", action="append", default=[], choices=SHOWCASE, metavar="TARGET",
+            help=f"Start the showcase on this target only (repeatable; one of "
+                 f"{', '.join(SHOWCASE)}): a bench driver keeps the one GPU for the FLA "
+                 "targets, which the demo's own GPU goal would compete for.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._step("Migrating the database", call_command, "migrate", interactive=False,
@@ -41,16 +58,50 @@ class Command(BaseCommand):
             call_command("adduser", "reviewer", role=["reviewer"], stdout=self.stdout)
         if options["no_example"]:
             return
-        for example in EXAMPLES:
+        loaded = [*EXAMPLES, *self._gpu_examples()]
+        for example in loaded:
             self._step(f"Loading the example target {example}", call_command, "load_example",
                        example, stdout=self.stdout)
-        if not options["no_showcase"]:
+        if options["no_showcase"]:
+            return
+        for target in options["showcase_only"] or SHOWCASE:
+            if target not in loaded:
+                continue  # a line said why when it was not loaded
+            if not Goal.objects.filter(target__name=target).exists():
+                self.stdout.write(f"No showcase on {target}: it has no goals "
+                                  f"(examples/{target}.goals.toml).")
+                continue
             # By name, not import: the core does not import the agents app above it.
-            self._step("Starting the showcase runs on demo-kernels", call_command,
-                       "start_runs", "demo-kernels", stdout=self.stdout, stderr=self.stderr)
+            self._step(f"Starting the showcase runs on {target}", call_command,
+                       "start_runs", target, stdout=self.stdout, stderr=self.stderr)
+
+    def _gpu_examples(self) -> tuple[str, ...]:
+        """GPU_EXAMPLES where they can run; otherwise none, and one line says why not."""
+        why_not = _why_not_gpu_examples()
+        if why_not is None:
+            return GPU_EXAMPLES
+        self.stdout.write(f"Not loading {' and '.join(GPU_EXAMPLES)}: {why_not}.")
+        return ()
 
     def _step(self, what: str, run: Any, *args: Any, **kwargs: Any) -> None:
         started = time.monotonic()
         self.stdout.write(f"{what}…")
         run(*args, **kwargs)
         self.stdout.write(f"{what}: done in {time.monotonic() - started:.1f} s")
+
+
+def _why_not_gpu_examples() -> str | None:
+    """Why the FLA examples are not loaded here: no GPU worker would run their probes, or the
+    release they are built from is not installed as pinned; None when they can be."""
+    if not settings.GPU_WORKER:
+        return ("no GPU worker here to run their probes (standalone starts one on a host with a "
+                "GPU: --gpu auto or on)")
+    for name in GPU_EXAMPLES:
+        try:
+            source = source_read(load_example.EXAMPLES / name)
+        except ExampleSourceError as exc:
+            raise CommandError(f"Example {name}: {exc}") from None
+        problem = source_problem(source) if source is not None else None
+        if problem is not None:
+            return problem
+    return None

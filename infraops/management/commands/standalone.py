@@ -31,6 +31,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from infraops.consumers import MAX_CLIENT_FRAME
 from infraops.embedded import postgres_url
 from infraops.experiments.accelerators import gpu_devices, host_has_gpu
+from infraops.management.commands.prepare import SHOWCASE
 
 
 def port_free(host: str, port: int) -> bool:
@@ -68,8 +69,13 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=port_number, default=8000)
         parser.add_argument("--concurrency", type=int, default=2, help="Worker processes.")
         parser.add_argument("--no-example", action="store_true")
-        parser.add_argument("--no-showcase", action="store_true",
-                            help="Load the demo target, but start no run on it.")
+        showcase = parser.add_mutually_exclusive_group()
+        showcase.add_argument("--no-showcase", action="store_true",
+                              help="Load the demo target, but start no run on it.")
+        showcase.add_argument("--showcase-only", action="append", default=[], choices=SHOWCASE,
+                              metavar="TARGET",
+                              help="Start the showcase on this target only (repeatable; "
+                                   "passed to `manage.py prepare`).")
         parser.add_argument("--demo-llm", action="store_true",
                             help="Serve the demo's scripted model as the LLM endpoint, so the "
                                  "demo's LLM goal runs without an API key.")
@@ -105,7 +111,9 @@ class Command(BaseCommand):
                 env["INFRAOPS_GPU_WORKER"] = "true"  # the showcase starts the GPU goal too
             # Migrate, static files, the first users once, the example: one process.
             self._manage(env, "prepare", *(["--no-example"] if options["no_example"] else []),
-                         *(["--no-showcase"] if options["no_showcase"] else []))
+                         *(["--no-showcase"] if options["no_showcase"] else []),
+                         *(arg for target in options["showcase_only"]
+                           for arg in ("--showcase-only", target)))
             web = self._start(env, [
                 sys.executable, "-m", "uvicorn", "infraops.project.asgi:application",
                 "--host", host, "--port", str(port), "--no-access-log",
