@@ -27,7 +27,7 @@ prepare() {
   (cd "$carry/wheels" && rm -f numpy-* setuptools-* pyyaml-* psutil-* packaging-* six-* idna-* \
     typing_extensions-* tqdm-* click-8* msgpack-* narwhals-* uvloop-* python_dateutil-* \
     anyio-* h11-* markupsafe-* httptools-* watchfiles-* websockets-* pytest-[0-9]* \
-    pluggy-* iniconfig-*)
+    pluggy-* iniconfig-* pygments-*)
   (cd "$carry/debs" && apt-get download bubblewrap >/dev/null 2>&1)
   du -sh "$carry"
 }
