@@ -20,6 +20,7 @@ from django.core.management import CommandError, call_command
 from agents.models import AgentRun
 from infraops import gitops
 from infraops.access import target_role, visible_targets
+from infraops.knobs import knob_read
 from infraops.management.commands import load_example
 from infraops.models import Target
 
@@ -27,12 +28,6 @@ pytestmark = pytest.mark.django_db
 
 EXAMPLES = Path(settings.BASE_DIR) / "examples"
 TF32 = b"CP_DOT_PRECISION = tl.constexpr('ieee' if IS_NPU else 'tf32')"
-# Where an FLA example has no manifest of its own yet: enough for a target to register.
-MINIMAL_MANIFEST = """[[probe]]
-name = "imports"
-layer = "correctness"
-command = "python -c 'import fla'"
-"""
 
 
 def test_load_example_makes_the_existing_role_holders_members_in_their_first_role() -> None:
@@ -67,18 +62,16 @@ def test_adduser_target_makes_the_user_a_member_and_an_unknown_target_changes_no
 
 @pytest.fixture
 def examples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A copy of examples/ that load_example reads instead: the FLA examples as they are (a
-    minimal infraops.toml where one has none yet), the others linked."""
+    """A copy of examples/ that load_example reads instead: the FLA examples copied, for a test
+    to change, the others linked."""
     folder = tmp_path / "examples"
     folder.mkdir()
     for entry in EXAMPLES.iterdir():
-        if entry.name not in ("fla-kda", "fla-cp"):
+        if entry.name in ("fla-kda", "fla-cp"):
+            shutil.copytree(entry, folder / entry.name,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:
             (folder / entry.name).symlink_to(entry)
-            continue
-        shutil.copytree(entry, folder / entry.name, ignore=shutil.ignore_patterns("__pycache__"))
-        manifest = folder / entry.name / "infraops.toml"
-        if not manifest.exists():
-            manifest.write_text(MINIMAL_MANIFEST)
     monkeypatch.setattr(load_example, "EXAMPLES", folder)
     return folder
 
@@ -88,10 +81,14 @@ def test_load_example_fla_cp_commits_the_installed_release_with_the_tf32_merge(
 ) -> None:
     call_command("load_example", "fla-cp", stdout=StringIO())
 
-    assert Target.objects.filter(name="fla-cp").exists()
+    # The manifest's knob reads the precision the edit set, in the tree the build made.
+    manifest = Target.objects.get(name="fla-cp").manifest()
+    assert manifest is not None
+    knob = next(k for k in manifest.knobs if k.name == "cp_dot_precision")
     origin = data_dir / "examples" / "fla-cp.git"
     merge = gitops.read_file(origin, "main", "fla/ops/cp/chunk_merge.py")
     assert merge is not None and merge.count(TF32) == 1
+    assert knob_read(knob, merge.decode()) == "tf32"
     files = set(gitops.list_files(origin, "main"))
     assert {"fla/ops/kda/fused_recurrent.py", "LICENSES/fla-core/LICENSE", "infraops.toml"} <= files
     assert "source.toml" not in files
@@ -148,10 +145,12 @@ def test_prepare_with_a_gpu_worker_loads_the_fla_examples_and_starts_only_the_na
     settings: Any, tmp_path: Path, examples: Path,
 ) -> None:
     settings.GPU_WORKER = True
-    said = prepare(settings, tmp_path, "--showcase-only", "fla-kda")
+    (examples / "fla-cp.goals.toml").unlink()  # a target without goals gets a line, no error
+    said = prepare(settings, tmp_path, "--showcase-only", "fla-kda", "--showcase-only", "fla-cp")
     assert {"fla-kda", "fla-cp"} <= set(Target.objects.values_list("name", flat=True))
-    assert "No showcase on fla-kda: it has no goals (examples/fla-kda.goals.toml)." in said
-    assert not AgentRun.objects.exists()  # demo-kernels' showcase was left out
+    assert "No showcase on fla-cp: it has no goals (examples/fla-cp.goals.toml)." in said
+    started = AgentRun.objects.values_list("goal_version__goal__target__name", flat=True)
+    assert set(started) == {"fla-kda"}  # demo-kernels' showcase was left out
 
 
 @pytest.mark.parametrize("args", [
