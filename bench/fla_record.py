@@ -4,7 +4,7 @@ fresh output folder, told its seed and repeat), for the analysis test that repla
 there is no GPU (tests/infraops/experiments/test_fla_replay.py) and for the figures of
 docs/gpu.md.
 
-    python3 bench/fla_record.py OUT_DIR [--repeats 5] [--only fla-kda]
+    python3 bench/fla_record.py OUT_DIR [--repeats 5] [--only fla-kda] [--point bv=32,num_warps=4]
 
 The targets' trees are built as `manage.py load_example` builds them (the installed fla-core's
 own files, infraops/example_sources.py), once per configuration with the knob values written
@@ -106,12 +106,17 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--repeats", type=int, default=5, choices=range(1, len(SEEDS) + 1))
     parser.add_argument("--only", choices=sorted(PROBES), action="append")
+    parser.add_argument("--point", action="append", default=[], metavar="KNOB=V[,KNOB=V]",
+                        help="Only these configurations, in this order (default: all).")
     args = parser.parse_args()
     record: dict[str, Any] = {"configurations": {}, "figures": []}
     failed = 0
     for example in args.only or sorted(PROBES):
         probe, command = PROBES[example]
         space, knobs = knob_space(example)
+        asked = [dict(pair.split("=", 1) for pair in p.split(",")) for p in args.point]
+        if asked:
+            space = [point for point in asked if point in space]
         for point in space:
             tree = tree_for(example, knobs, point)
             try:
