@@ -717,3 +717,77 @@ def _is_local_url(url: str) -> bool:
     colon, slash = url.find(":"), url.find("/")
     # "host:path" is scp-like ssh; a "/" before the first ":" makes it a path.
     return colon == -1 or (slash != -1 and slash < colon)
+
+
+# --------------------------------------------------------------------------- over HTTP
+#
+# A worker on another host keeps its own cache of a target's repository and fetches commits
+# from the web's git endpoint (infraops.experiments.remote). Headers travel in the
+# environment (GIT_CONFIG_COUNT), never on a command line another user of the host could read.
+
+
+def _header_config(headers: Mapping[str, str]) -> dict[str, str]:
+    env = {"GIT_CONFIG_COUNT": str(len(headers))}
+    for i, (name, value) in enumerate(headers.items()):
+        if "\n" in name or "\n" in value or "\r" in value:
+            raise GitError(f"header {name!r} holds a line break.")
+        env[f"GIT_CONFIG_KEY_{i}"] = "http.extraHeader"
+        env[f"GIT_CONFIG_VALUE_{i}"] = f"{name}: {value}"
+    return env
+
+
+def repo_init_bare(dest: Path) -> None:
+    """An empty bare repository at ``dest`` (nothing when one is there)."""
+    if (dest / "HEAD").is_file():
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    _run(dest, ["init", "--bare", "--quiet", str(dest.resolve())])
+
+
+def missing_commits(repo: Path, commits: Sequence[str]) -> list[str]:
+    """The commits of ``commits`` (full shas) that ``repo`` does not hold."""
+    missing = []
+    for commit in commits:
+        if not _FULL_SHA.fullmatch(commit):
+            raise GitError(f"{commit!r} is not a full commit id.")
+        result = _run(repo, ["cat-file", "-e", f"{commit}^{{commit}}"],
+                      ok_codes=frozenset({0, 1, 128}))
+        if result.returncode != 0:
+            missing.append(commit)
+    return missing
+
+
+def fetch_commits(repo: Path, url: str, commits: Sequence[str], *,
+                  headers: Mapping[str, str] | None = None, timeout: float = 300) -> None:
+    """Fetch ``commits`` (full shas) and their history from ``url`` into ``repo``, each kept
+    by a ref ``refs/infraops/cache/<sha>`` so that no gc drops it. Git negotiates with what
+    the repository holds: a second fetch carries only the new objects. A fetch that fails
+    leaves the repository as it was (git writes objects before refs, and refs only at the end)."""
+    if url.startswith("-"):
+        raise GitError(f"{url!r} is not a usable repository URL.")
+    wanted = list(dict.fromkeys(commits))
+    for commit in wanted:
+        if not _FULL_SHA.fullmatch(commit):
+            raise GitError(f"{commit!r} is not a full commit id.")
+    if not wanted:
+        return
+    refspecs = [f"{commit}:refs/infraops/cache/{commit}" for commit in wanted]
+    _run(repo, ["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", url, *refspecs],
+         timeout=timeout, env=_header_config(headers or {}))
+
+
+def push_refs(repo: Path, url: str, refs: Mapping[str, str], *,
+              headers: Mapping[str, str] | None = None, timeout: float = 300) -> None:
+    """Set each ref of ``refs`` (a full ref name -> a commit of ``repo``) on ``url``.
+
+    Not forced: the remote takes a new ref or a fast-forward and refuses the rest in words."""
+    if url.startswith("-"):
+        raise GitError(f"{url!r} is not a usable repository URL.")
+    refspecs = []
+    for ref, commit in refs.items():
+        if not ref.startswith("refs/") or not _FULL_SHA.fullmatch(commit):
+            raise GitError(f"cannot push {commit!r} to {ref!r}: a full ref name and commit id "
+                           "are needed.")
+        refspecs.append(f"{commit}:{ref}")
+    _run(repo, ["push", "--quiet", "--no-verify", "--porcelain", url, *refspecs],
+         timeout=timeout, env=_header_config(headers or {}))

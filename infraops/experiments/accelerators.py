@@ -38,6 +38,7 @@ class ProbeAccess:
     readonly_binds: tuple[tuple[Path, str], ...] = ()
     path: str = sandbox.SANDBOX_PATH
     address_space_mb: int | None = sandbox.SandboxLimits().address_space_mb
+    environment: tuple[tuple[str, str], ...] = ()  # what the probe is told of its devices
 
 
 def gpu_devices(patterns: Sequence[str] | None = None) -> list[Path]:
@@ -96,15 +97,33 @@ def probe_access(probe: Probe) -> ProbeAccess:
     path = ":".join([*bins, sandbox.SANDBOX_PATH])
     if GPU not in probe.requires:
         return ProbeAccess(readonly_binds=binds, path=path)
-    devices = gpu_devices()
+    devices = own_gpus(gpu_devices())
     if not any(_is_gpu(device) for device in devices):
         patterns = ", ".join(settings.SANDBOX_GPU_DEVICES) or "(none)"
         raise DomainError(
             f"Probe {probe.name!r} requires a GPU, and this worker's host has no GPU device "
             f"node matching INFRAOPS_SANDBOX_GPU_DEVICES ({patterns}): run it on a GPU worker "
             "(celery -A infraops.project worker -Q experiments.gpu on a host with a GPU).")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    told = (("CUDA_VISIBLE_DEVICES", visible),) if visible is not None else ()
     return ProbeAccess(devices=tuple(devices), readonly_binds=binds, path=path,
-                       address_space_mb=None)
+                       address_space_mb=None, environment=told)
+
+
+def own_gpus(devices: Sequence[Path], visible: str | None = None) -> list[Path]:
+    """`devices` less the NVIDIA GPUs this worker was not given: a worker per GPU
+    (CUDA_VISIBLE_DEVICES=N each, manage.py gpu_workers) hands its probes /dev/nvidiaN and
+    the control nodes, never another worker's GPU. A list that names a GPU by UUID cannot be
+    mapped to nodes: all are kept, and CUDA_VISIBLE_DEVICES, passed on, still chooses."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if visible is None:
+        return list(devices)
+    indices = [v.strip() for v in visible.split(",") if v.strip()]
+    if not all(index.isdigit() for index in indices):
+        return list(devices)
+    return [d for d in devices
+            if not (d.name.startswith("nvidia") and d.name[6:].isdigit())
+            or d.name[6:] in indices]
 
 
 def _is_gpu(device: Path) -> bool:

@@ -35,7 +35,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from infraops import gitops
-from infraops.errors import DomainError
+from infraops.errors import DomainError, WorkerRefused
 from infraops.experiments import sandbox
 from infraops.experiments.accelerators import ProbeAccess, probe_access
 from infraops.experiments.analysis import attempt_executions, attempt_samples, experiment_feedback
@@ -380,11 +380,19 @@ def experiment_execute(*, experiment_id: int, worker: str | None = None) -> Expe
     for stale in workdir.parent.glob(f"exp-{experiment.pk}-a*"):
         if stale != workdir:
             _cleanup(stale)
+    _tell_running(f"experiment {experiment.pk}")
     try:
         with lease.kept_alive():
             _run_probes(experiment, lease, workdir)
     except LeaseLost:
         log.warning("lost the lease on %s; another worker carries on", experiment)
+        return None
+    except WorkerRefused as exc:
+        # The web refused this worker (revoked, another release): not the experiment's fault.
+        # It goes back to its queue for another worker, and this one stops taking tasks.
+        log.error("experiment %s: %s; it goes back to the queue", experiment.pk, exc)
+        experiment_release(experiment_id=experiment.pk, worker=worker, attempt=lease.attempt)
+        _stop_this_worker()
         return None
     except (DomainError, sandbox.SandboxUnavailable, gitops.GitError, ManifestError) as exc:
         _finish(lease, failure=str(exc))
@@ -398,9 +406,47 @@ def experiment_execute(*, experiment_id: int, worker: str | None = None) -> Expe
                       lease.attempt)
         _fail_unexpectedly(lease, unexpected_reason(exc))
     finally:
+        _tell_running("")
         _cleanup(workdir)
     experiment.refresh_from_db()
     return experiment
+
+
+def _tell_running(what: str) -> None:
+    """What this worker runs now, for its heartbeat to the web (remote workers only)."""
+    if settings.WEB_URL:
+        from infraops.experiments import remote
+
+        try:
+            remote.running_set(what)
+        except OSError:
+            log.warning("cannot record what this worker runs", exc_info=True)
+
+
+def _stop_this_worker() -> None:
+    """A warm shutdown of the worker this process belongs to: it takes no further task."""
+    from celery import current_app
+
+    name = os.environ.get("INFRAOPS_WORKER_NAME", "")
+    if name:
+        current_app.control.shutdown(destination=[name])
+
+
+def experiment_release(*, experiment_id: int, worker: str, attempt: int) -> bool:
+    """Give the experiment `worker` holds back to its queue (another worker takes it); False
+    when it no longer holds it. The attempt stays counted: its rows are its own."""
+    with transaction.atomic():
+        released = Experiment.objects.filter(
+            pk=experiment_id, claimed_by=worker, attempts=attempt,
+            status=Experiment.Status.RUNNING,
+        ).update(status=Experiment.Status.QUEUED, claimed_by="", lease_expires_at=None,
+                 enqueued_at=timezone.now())
+        if released:
+            queue = Experiment.objects.values_list("queue", flat=True).get(pk=experiment_id)
+            _send_after_commit(experiment_id, queue)
+    if released:
+        experiment_changed(experiment_id)
+    return bool(released)
 
 
 UNEXPECTED_MESSAGE_CHARS = 500
@@ -465,9 +511,9 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
     problem = sandbox.sandbox_check()
     if problem is not None:
         raise sandbox.SandboxUnavailable(f"No sandbox on {lease.worker}: {problem}")
-    repo = experiment.target.clone_path
+    repo = experiment_repository(experiment)
     # The manifest at the baseline (protected from agent edits) defines what runs and how.
-    manifest = _baseline_manifest(experiment)
+    manifest = _baseline_manifest(experiment, repo)
     probes = select_probes(manifest, list(experiment.probes), [])
     trees = {str(side): workdir / side for side in SIDES}
     commits = {"baseline": experiment.baseline_commit, "candidate": experiment.candidate_commit}
@@ -481,7 +527,7 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
 
         def prepare_candidate() -> dict[str, str | None]:
             checkout("candidate")
-            return _probe_file_ids(experiment, probes)  # git only: no database on this thread
+            return _probe_file_ids(repo, experiment, probes)  # git only: no database here
 
         checkout("baseline")
         # The candidate's checkout overlaps the baseline's first run (ABBA starts with the
@@ -531,16 +577,33 @@ def _run_all(attempt: _Attempt, probes: Sequence[Probe]) -> list[str]:
     return failures
 
 
-def _baseline_manifest(experiment: Experiment) -> Manifest:
+def experiment_repository(experiment: Experiment) -> Path:
+    """Where this worker reads the experiment's commits: the target's clone when it shares
+    the web's data folder, else its own cache of it, fetched over HTTP from the web
+    (infraops.experiments.remote)."""
+    if not settings.WEB_URL:
+        return experiment.target.clone_path
+    from infraops.experiments import remote
+
+    fetch = remote.target_cache(experiment.target_id, [experiment.baseline_commit,
+                                                       experiment.candidate_commit])
+    log.info("experiment %s: %s commit(s) fetched into %s in %.2f s", experiment.pk,
+             len(fetch.fetched), fetch.repo, fetch.seconds)
+    return fetch.repo
+
+
+def _baseline_manifest(experiment: Experiment, repo: Path) -> Manifest:
     """The manifest at the baseline (protected from agent edits): it defines what runs and
     how. The target's stored copy when the baseline is the commit it was read at."""
-    return target_manifest_at(target=experiment.target, commit=experiment.baseline_commit)
+    return target_manifest_at(target=experiment.target, commit=experiment.baseline_commit,
+                              repo=repo)
 
 
-def _probe_file_ids(experiment: Experiment, probes: Sequence[Probe]) -> dict[str, str | None]:
+def _probe_file_ids(repo: Path, experiment: Experiment,
+                    probes: Sequence[Probe]) -> dict[str, str | None]:
     """Git blob ids of every probe file at the baseline: which probe code produced the data."""
     paths = sorted({"infraops.toml"} | {f for p in probes for f in p.files})
-    return gitops.blob_ids(experiment.target.clone_path, experiment.baseline_commit, paths)
+    return gitops.blob_ids(repo, experiment.baseline_commit, paths)
 
 
 def _run_probe(attempt: _Attempt, probe: Probe) -> str:
@@ -615,7 +678,7 @@ def _run_slot(attempt: _Attempt, probe: Probe, access: ProbeAccess, variant: dic
         sandbox.sandbox_prepare_dir(out, attempt.identity)
         label = execution_label(probe.name, side, key, slot.repeat)
         stream = LogStream(attempt.experiment.pk, label)
-        env = {"PATH": access.path,
+        env = {"PATH": access.path, **dict(access.environment),
                **probe_environment(variant, seed=slot.seed, repeat=slot.repeat)}
         try:
             result = sandbox.sandbox_run(

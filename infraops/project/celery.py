@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import uuid
 import warnings
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from kombu.transport import redis as kombu_redis
 
 if TYPE_CHECKING:
     from infraops.experiments.orphans import OrphanReaper
+    from infraops.experiments.remote import RemoteHeartbeat
     from infraops.experiments.workers import Heartbeat
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "infraops.project.settings")
@@ -38,6 +40,7 @@ app = Celery("infraops")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 _heartbeat: Heartbeat | None = None
+_web_heartbeat: RemoteHeartbeat | None = None
 _orphans: OrphanReaper | None = None
 log = logging.getLogger(__name__)
 
@@ -128,6 +131,7 @@ def _start_heartbeat(sender: Any, **kwargs: Any) -> None:
     global _heartbeat
     _heartbeat = Heartbeat(sender.hostname, queues, boot=worker_boot)
     _heartbeat.start()
+    _start_web_heartbeat(queues)
     controller = getattr(sender, "controller", None)
     if controller is not None and _is_prefork(controller.pool_cls):
         from infraops.experiments.orphans import OrphanReaper
@@ -137,10 +141,31 @@ def _start_heartbeat(sender: Any, **kwargs: Any) -> None:
         _orphans.start()
 
 
+def _start_web_heartbeat(queues: list[str]) -> None:
+    """A worker on another host (INFRAOPS_WEB_URL) also reports to the web: host, release,
+    queues, GPUs, what it runs (infraops.experiments.remote). When the web refuses it (its
+    token revoked, another release) it stops taking tasks: a warm shutdown of this worker."""
+    from django.conf import settings
+
+    if not settings.WEB_URL:
+        return
+    from infraops.experiments.remote import RemoteHeartbeat
+
+    def stop(reason: str) -> None:
+        log.error("the web refuses this worker, which stops: %s", reason)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    global _web_heartbeat
+    _web_heartbeat = RemoteHeartbeat(queues, on_refused=stop)
+    _web_heartbeat.start()
+
+
 @worker_shutdown.connect
 def _stop_heartbeat(sender: Any, **kwargs: Any) -> None:
     if _heartbeat is not None:
         _heartbeat.stop()
+    if _web_heartbeat is not None:
+        _web_heartbeat.stop()
     if _orphans is not None:
         _orphans.stop()
 

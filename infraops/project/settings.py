@@ -291,6 +291,14 @@ try:
     # Set by `standalone` for its processes when it starts a GPU worker beside the others, so
     # that its showcase starts the demo's GPU goal (agents/management/commands/start_runs.py).
     GPU_WORKER = _read("INFRAOPS_GPU_WORKER", "bool", False)
+    # A worker on another host than the web (infraops/experiments/remote.py): the web's URL
+    # and this worker's token (manage.py worker_register). Empty: the worker shares the web's
+    # data folder, as in one-host installs.
+    WEB_URL = _read("INFRAOPS_WEB_URL", "str", "").strip()
+    WORKER_TOKEN = _read("INFRAOPS_WORKER_TOKEN", "str", "").strip()
+    WEB_RETRY_SECONDS = _read("INFRAOPS_WEB_RETRY_SECONDS", "float", 120.0)
+    if WEB_URL and not WEB_URL.startswith(("http://", "https://")):
+        raise _ConfigError(f"INFRAOPS_WEB_URL={WEB_URL!r} must start with http:// or https://.")
     # Approvals and run starts one user may make per window (infraops/ratelimit.py).
     RATE_APPROVE_PER_MIN = _read("INFRAOPS_RATE_APPROVE_PER_MIN", "int", 100)
     RATE_START_RUN_PER_MIN = _read("INFRAOPS_RATE_START_RUN_PER_MIN", "int", 100)

@@ -81,13 +81,13 @@ def target_clone(*, target: Target) -> None:
         raise DomainError(f"Cloning {target.repo_url!r} failed: {exc}") from None
 
 
-def target_manifest_at(*, target: Target, commit: str) -> Manifest:
+def target_manifest_at(*, target: Target, commit: str, repo: Path | None = None) -> Manifest:
     """The target's infraops.toml at `commit`: its stored copy when that is the commit it was
-    read at, else read from git. DomainError when the commit has none; ManifestError when it
-    does not parse."""
+    read at, else read from git (`repo`, default the target's clone). DomainError when the
+    commit has none; ManifestError when it does not parse."""
     if commit == target.manifest_commit and target.manifest_text:
         return parse_manifest(target.manifest_text)
-    raw = gitops.read_file(target.clone_path, commit, "infraops.toml")
+    raw = gitops.read_file(repo or target.clone_path, commit, "infraops.toml")
     if raw is None:
         raise DomainError(f"infraops.toml is missing at {commit[:10]}.")
     return parse_manifest(raw.decode("utf-8", "replace"))

@@ -1,0 +1,3 @@
+"""The release of this checkout: a worker of another release than the web is refused."""
+
+VERSION = "0.24.0"
