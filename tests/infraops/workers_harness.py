@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,10 +134,10 @@ class Workers:
 
     def start(self, queues: list[str], *, concurrency: int, label: str = "rel",
               visibility_timeout: float | None = None, env: dict[str, str] | None = None,
-              ready_timeout: float = 60) -> Worker:
+              ready_timeout: float = 60, extra: Sequence[str] = ()) -> Worker:
         name = f"{label}-{uuid.uuid4().hex[:8]}@{socket.gethostname()}"
         args = ["-Q", ",".join(queues), "-c", str(concurrency), "-n", name,
-                "--loglevel", "INFO"]
+                "--loglevel", "INFO", *extra]
         if visibility_timeout is None:
             argv = [sys.executable, "-m", "celery", "-A", "infraops.project", "worker", *args]
         else:
