@@ -66,6 +66,8 @@ SMOKE: dict[str, Smoke] = {
                        why_e2e="tests/e2e/test_faults.py: redis-server, worker, web, Chromium"),
     "feedback_stats.py": Smoke(("--smoke", "--database", DATABASE), "own", e2e=True,
                                why_e2e="real sandboxed experiments under callgrind (a minute)"),
+    "fleet.py": Smoke(("--smoke", "--database", DATABASE), "own", e2e=True,
+                      why_e2e="a web and remote Celery workers in mount namespaces of their own"),
     "gpu_worker.py": Smoke((OUT, "--gpu", "off", "--port", PORT), e2e=True, timeout=420,
                            why_e2e="`manage.py standalone` and a tuner run on the CPU twin"),
     "hostile_patches.py": Smoke(("--smoke",)),
