@@ -387,23 +387,47 @@ def model_queue_name(model: str) -> str:
     return "".join(ch for ch in (words[0] if words else "") if ch.isalnum())
 
 
-# What this host's worker processes run now, for the heartbeat: pool processes write it.
-def _running_file() -> Path:
+# What this worker's pool processes run now, for its heartbeat: each writes its own file.
+def _running_folder() -> Path:
     return Path(settings.DATA_DIR) / "running" / (os.environ.get("INFRAOPS_WORKER_NAME", "")
                                                   or "worker")
 
 
 def running_set(what: str) -> None:
-    path = _running_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(what)
+    """Record what this process runs ("" when idle)."""
+    folder = _running_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / str(os.getpid())
+    if what:
+        path.write_text(what[:200])
+    else:
+        path.unlink(missing_ok=True)
 
 
 def running_now() -> str:
+    """What the worker's live pool processes run, comma-separated; "" when idle."""
+    found = []
     try:
-        return _running_file().read_text()[:200]
+        entries = sorted(_running_folder().iterdir())
     except OSError:
         return ""
+    for path in entries:
+        if not path.name.isdigit() or not _alive(int(path.name)):
+            path.unlink(missing_ok=True)  # a pool process that died mid-experiment
+            continue
+        with contextlib.suppress(OSError):
+            found.append(path.read_text())
+    return ", ".join(found)[:200]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class RemoteHeartbeat(Periodic):

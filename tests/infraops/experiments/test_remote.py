@@ -216,3 +216,19 @@ def test_a_web_url_that_is_not_http_is_refused_in_words() -> None:
         remote.WebClient("ftp://example.com", TOKEN)
     with pytest.raises(remote.DomainError, match="INFRAOPS_WORKER_TOKEN is empty"):
         remote.WebClient("http://example.com", "")
+
+
+def test_the_heartbeat_says_what_each_pool_process_runs(settings: Any, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    settings.DATA_DIR = tmp_path
+    monkeypatch.setenv("INFRAOPS_WORKER_NAME", "gpu0@node7")
+    assert remote.running_now() == ""
+    remote.running_set("experiment 12")
+    assert remote.running_now() == "experiment 12"
+    # A pool process that died mid-experiment is not reported.
+    folder = tmp_path / "running" / "gpu0@node7"
+    (folder / "999999999").write_text("experiment 3")
+    assert remote.running_now() == "experiment 12"
+    assert not (folder / "999999999").exists()
+    remote.running_set("")
+    assert remote.running_now() == ""
