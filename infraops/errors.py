@@ -11,6 +11,6 @@ class Forbidden(DomainError):
     """The person may not do this at all (a role, their own change): views answer 403."""
 
 
-class WorkerRefused(DomainError):
+class WorkerNotAccepted(DomainError):
     """The web refuses this worker itself (an unknown or revoked token, another release): the
     worker must stop taking tasks, and what it held goes back to its queue."""

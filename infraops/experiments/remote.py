@@ -40,7 +40,8 @@ from typing import IO, Any, BinaryIO, TypeVar
 from django.conf import settings
 
 from infraops import gitops
-from infraops.errors import DomainError, WorkerRefused
+from infraops import errors
+from infraops.errors import DomainError
 from infraops.experiments.blobs import CHUNK, blob_path, blob_put
 from infraops.experiments.workers import Periodic
 from infraops.version import VERSION
@@ -59,7 +60,7 @@ class WebRefused(DomainError):
         self.status = status
 
 
-class WorkerNotAccepted(WebRefused, WorkerRefused):
+class WorkerNotAccepted(WebRefused, errors.WorkerNotAccepted):
     """The web refuses this worker itself: unknown or revoked token, another release."""
 
 

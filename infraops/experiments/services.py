@@ -35,7 +35,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from infraops import gitops
-from infraops.errors import DomainError, WorkerRefused
+from infraops.errors import DomainError, WorkerNotAccepted
 from infraops.experiments import sandbox
 from infraops.experiments.accelerators import ProbeAccess, probe_access
 from infraops.experiments.analysis import attempt_executions, attempt_samples, experiment_feedback
@@ -387,7 +387,7 @@ def experiment_execute(*, experiment_id: int, worker: str | None = None) -> Expe
     except LeaseLost:
         log.warning("lost the lease on %s; another worker carries on", experiment)
         return None
-    except WorkerRefused as exc:
+    except WorkerNotAccepted as exc:
         # The web refused this worker (revoked, another release): not the experiment's fault.
         # It goes back to its queue for another worker, and this one stops taking tasks.
         log.error("experiment %s: %s; it goes back to the queue", experiment.pk, exc)
