@@ -39,8 +39,7 @@ from typing import IO, Any, BinaryIO, TypeVar
 
 from django.conf import settings
 
-from infraops import gitops
-from infraops import errors
+from infraops import errors, gitops
 from infraops.errors import DomainError
 from infraops.experiments.blobs import CHUNK, blob_path, blob_put
 from infraops.experiments.workers import Periodic
