@@ -20,8 +20,20 @@ export REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379/14}"
 export DJANGO_ALLOW_ASYNC_UNSAFE=true  # Playwright's sync API runs an event loop in the test thread
 
 echo "== ruff"; .venv/bin/ruff check .
-# mypy loads the settings (django-stubs), which refuse to start without a key outside DEBUG.
-echo "== mypy"; SECRET_KEY="${SECRET_KEY:-type-checking-only}" .venv/bin/mypy .
+# mypy (40 s of one core from a fresh clone) runs beside pytest, whose first minute leaves a
+# core free; its report follows pytest's, and its failure fails the suite.
+# It loads the settings (django-stubs), which refuse to start without a key outside DEBUG.
+mypy_log="$(mktemp -t infraops-mypy.XXXXXX)"
+SECRET_KEY="${SECRET_KEY:-type-checking-only}" .venv/bin/mypy . >"$mypy_log" 2>&1 &
+mypy_pid=$!
+mypy_report() {  # mypy's output and exit status, once it ends
+  local mypy_status=0
+  wait "$mypy_pid" || mypy_status=$?
+  echo "== mypy"
+  cat "$mypy_log"
+  rm -f "$mypy_log"
+  return "$mypy_status"
+}
 # pytest-xdist: the tests run in $processes worker processes, each on its own test database
 # (pytest-django adds _gw<N>) and its own Redis database (tests/xdist_workers.py counts down
 # from REDIS_URL's). Most end-to-end tests wait on real processes, so two share two cores well.
@@ -29,7 +41,11 @@ processes="${INFRAOPS_TEST_PROCESSES:-2}"
 pytest_parallel=(env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/pytest
                  -p tests.xdist_workers -n "$processes" --dist loadgroup --durations=25)
 if [ "$#" -gt 0 ]; then
-  echo "== pytest"; exec "${pytest_parallel[@]}" "$@"
+  echo "== pytest"
+  status=0
+  "${pytest_parallel[@]}" "$@" || status=$?
+  mypy_report || status=$((status ? status : 1))
+  exit "$status"
 fi
 
 # The whole suite: the fuzz (CPU-bound page rendering, minutes) runs beside the rest, on its
@@ -56,6 +72,7 @@ wait "$fuzz_pid" || fuzz_status=$?
 echo "== pytest -m fuzz"
 cat "$fuzz_log"
 rm -f "$fuzz_log"
+mypy_report || status=$((status ? status : 1))
 # pytest exits 5 when it collects nothing: a suite without fuzz tests is not a failure.
 if [ "$fuzz_status" -ne 0 ] && [ "$fuzz_status" -ne 5 ]; then status=$fuzz_status; fi
 exit "$status"

@@ -205,9 +205,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     after pytest-django's own ordering, keeping it within each part."""
     browser = [item for item in items if item.get_closest_marker("browser")]
     for item in browser:
-        # Under pytest-xdist (--dist loadgroup) they run together, in one worker, after
-        # everything else was handed out: the same rule, per worker process.
-        item.add_marker(pytest.mark.xdist_group("browser"))
+        # Under pytest-xdist (--dist loadgroup) they run in two groups, each in one worker
+        # after everything else was handed out: the same rule, per worker process. Two groups
+        # of about equal length (the faults tests, about three minutes; the rest), so the
+        # suite's tail is not one worker running every browser test while the other idles.
+        faults = item.path.name == "test_faults.py"
+        item.add_marker(pytest.mark.xdist_group("browser-faults" if faults else "browser"))
     if browser:
         items[:] = [item for item in items if not item.get_closest_marker("browser")] + browser
 

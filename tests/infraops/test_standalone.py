@@ -191,6 +191,11 @@ class Lifecycle:
     password: str
 
 
+# The tests that read one lifecycle share one xdist process (--dist loadgroup): spread over
+# two, each process would start the whole system twice for the same facts.
+LIFECYCLE = pytest.mark.xdist_group("standalone-lifecycle")
+
+
 @pytest.fixture(scope="module")
 def lifecycle() -> Iterator[Lifecycle]:
     data = fresh_data_folder()
@@ -226,6 +231,7 @@ def lifecycle() -> Iterator[Lifecycle]:
 
 
 @pytest.mark.e2e
+@LIFECYCLE
 def test_a_first_start_prints_the_url_and_the_admin_password_once(lifecycle: Lifecycle) -> None:
     log = lifecycle.first.log
 
@@ -236,6 +242,7 @@ def test_a_first_start_prints_the_url_and_the_admin_password_once(lifecycle: Lif
 
 
 @pytest.mark.e2e
+@LIFECYCLE
 def test_it_runs_web_worker_redis_and_postgres_on_the_data_folder(lifecycle: Lifecycle) -> None:
     assert lifecycle.tree_kinds == {"uvicorn", "celery", "redis-server", "postgres"}
     assert (lifecycle.first.data / "pgdata" / "PG_VERSION").is_file()
@@ -243,11 +250,13 @@ def test_it_runs_web_worker_redis_and_postgres_on_the_data_folder(lifecycle: Lif
 
 
 @pytest.mark.e2e
+@LIFECYCLE
 def test_healthz_answers(lifecycle: Lifecycle) -> None:
     assert lifecycle.healthz == 200
 
 
 @pytest.mark.e2e
+@LIFECYCLE
 def test_the_admin_signs_in_with_the_printed_password_and_sees_the_example_target(
     lifecycle: Lifecycle,
 ) -> None:
@@ -260,6 +269,7 @@ def test_the_admin_signs_in_with_the_printed_password_and_sees_the_example_targe
 
 
 @pytest.mark.e2e
+@LIFECYCLE
 def test_sigterm_stops_it_and_every_child(lifecycle: Lifecycle) -> None:
     first = lifecycle.first
 
@@ -270,6 +280,7 @@ def test_sigterm_stops_it_and_every_child(lifecycle: Lifecycle) -> None:
 
 
 @pytest.mark.e2e
+@LIFECYCLE
 def test_a_second_start_on_the_same_data_creates_no_admin_and_keeps_the_target(
     lifecycle: Lifecycle,
 ) -> None:
