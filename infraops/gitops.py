@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import shlex
@@ -30,6 +31,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+log = logging.getLogger(__name__)
 
 _FULL_SHA = re.compile(r"[0-9a-f]{40}")
 
@@ -750,8 +753,9 @@ def http_backend(repo: Path, *, path: str, method: str, query: str, content_type
     """Serve git's smart HTTP for the bare repository ``repo`` through ``git http-backend``.
 
     ``path`` follows the repository in the URL ("/info/refs", "/git-upload-pack"); ``body``
-    is the request's uncompressed body as a real file (or None). The process is killed, with
-    its children, after ``timeout`` seconds or when the answer's body is closed unread.
+    is the request's uncompressed body as a real file (or None), read from where it stands.
+    The process is killed, with its children, after ``timeout`` seconds or when the answer's
+    body is closed unread.
     """
     if not (repo / "HEAD").is_file():
         raise GitError(f"{repo} is not a repository.")
@@ -761,6 +765,11 @@ def http_backend(repo: Path, *, path: str, method: str, query: str, content_type
         "CONTENT_TYPE": content_type, "REMOTE_USER": user, "REMOTE_ADDR": "127.0.0.1",
         "GATEWAY_INTERFACE": "CGI/1.1",
     })
+    if body is not None:
+        # The process reads the file descriptor: put it where the Python file stands (a
+        # buffered seek within what was read already moves no descriptor).
+        body.flush()
+        os.lseek(body.fileno(), body.tell(), os.SEEK_SET)
     stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed when the body ends)
     try:
         process = subprocess.Popen(
@@ -802,6 +811,10 @@ def _cgi_body(process: subprocess.Popen[bytes], watchdog: threading.Timer,
         watchdog.cancel()
         if process.poll() is None:
             _kill_group(process)
+        elif process.returncode:
+            stderr.seek(0)
+            log.warning("`git http-backend` exited with status %s: %s", process.returncode,
+                        _first_lines(stderr.read(4096)))
         process.stdout.close()
         stderr.close()
 

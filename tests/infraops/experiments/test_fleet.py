@@ -103,7 +103,7 @@ def test_a_token_with_a_known_prefix_but_another_secret_is_unknown() -> None:
 
 
 def test_a_revoked_worker_is_a_403_naming_it_when_and_by_whom() -> None:
-    admin = UserFactory.create(username="ada", is_superuser=True, is_staff=True)
+    admin = UserFactory.create(username="ada", is_superuser=True)
     worker, token = worker_register(name="gpu-1", queues=["experiments"], by=admin)
     worker_revoke(worker=worker, by=admin)
     worker.refresh_from_db()
@@ -137,7 +137,7 @@ def test_no_version_header_is_a_409_too() -> None:
 
 
 def test_revoking_is_audited_once_and_twice_changes_nothing() -> None:
-    admin = UserFactory.create(username="ada", is_superuser=True, is_staff=True)
+    admin = UserFactory.create(username="ada", is_superuser=True)
     worker, _ = worker_register(name="gpu-1", queues=["experiments"], by=admin)
 
     worker_revoke(worker=worker, by=admin)
