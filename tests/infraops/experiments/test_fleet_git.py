@@ -243,3 +243,37 @@ def test_a_gzipped_upload_pack_request_is_served(example_target: Target) -> None
     body = b"".join(response.streaming_content)
     assert body.startswith(b"0008NAK\n") and b"PACK" in body
     assert (broken.status_code, "gzip" in broken.json()["error"]) == (400, True)
+
+
+def test_blobs_travel_through_the_web_process_too(web: str) -> None:
+    """The blob endpoints under uvicorn, as a worker reaches them: up with Content-Length,
+    down streamed whole; a chunked upload (no Content-Length) is a 411."""
+    import hashlib
+    import http.client
+    import json
+    from urllib.parse import urlsplit
+
+    _, token = worker_register(name="gpu-1", queues=["experiments"], by=None)
+    headers = {"Authorization": f"Bearer {token}", "X-InfraOps-Version": VERSION}
+    content = bytes(range(256)) * 4096
+    sha = hashlib.sha256(content).hexdigest()
+    where = urlsplit(web)
+
+    def call(method: str, body: bytes | None = None, chunked: bool = False,
+             ) -> tuple[int, bytes]:
+        connection = http.client.HTTPConnection(where.hostname or "", where.port, timeout=60)
+        connection.request(method, f"/fleet/api/blobs/{sha}",
+                           body=iter([body]) if chunked and body else body,
+                           headers=headers, encode_chunked=chunked)
+        response = connection.getresponse()
+        answer = (response.status, response.read())
+        connection.close()
+        return answer
+
+    chunked = call("PUT", content, chunked=True)
+    stored = call("PUT", content)
+    fetched = call("GET")
+
+    assert chunked[0] == 411 and b"Content-Length" in chunked[1]
+    assert (stored[0], json.loads(stored[1])) == (201, {"sha256": sha, "size": len(content)})
+    assert fetched == (200, content)
