@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import connection
 
 from infraops import gitops
-from infraops.experiments.blobs import blob_path
+from infraops.experiments.blobstore import blob_store
 from infraops.experiments.services import CALLGRIND_PREFIX, experiment_execute, worker_name
 from infraops.feedback.stats import parse_callgrind_total
 from infraops.models import Artifact, Experiment, ProbeExecution, Sample, Target
@@ -263,13 +263,13 @@ def artifact_instructions(execution: ProbeExecution) -> float | None:
     """The execution's instruction count read back from its callgrind artifacts (the sum over
     every traced process, as infraops.experiments.results.instruction_rows counts a sample);
     None when it left none or one cannot be read."""
-    root = Path(settings.DATA_DIR) / "blobs"
+    store = blob_store()
     total, found = 0, False
     artifacts = Artifact.objects.filter(execution=execution, name__startswith=CALLGRIND_PREFIX,
                                         name__endswith=".out")
     for artifact in artifacts:
         try:
-            total += parse_callgrind_total(blob_path(root, artifact.sha256).read_text())
+            total += parse_callgrind_total(store.local_path(artifact.sha256).read_text())
         except (OSError, ValueError):
             return None
         found = True

@@ -29,6 +29,7 @@ from infraops.access import (
     targets_with_role,
 )
 from infraops.errors import DomainError
+from infraops.experiments.fleet import queues_parse, worker_register, worker_revoke, worker_state
 from infraops.manifest import Manifest, Probe
 from infraops.models import (
     AcceptanceCriterion,
@@ -39,6 +40,7 @@ from infraops.models import (
     GoalVersion,
     Target,
     TargetMembership,
+    Worker,
     parse_variant,
     variant_key,
 )
@@ -587,3 +589,71 @@ class ExperimentAdmin(TargetScopedAdmin, RecordAdmin):
 class AuditEntryAdmin(RecordAdmin):
     list_display = ["created_at", "actor_label", "action", "object_type", "object_id"]
     list_filter = ["action"]
+
+
+class WorkerAddForm(forms.ModelForm):  # type: ignore[type-arg]
+    queues_text = forms.CharField(
+        label="Queues", initial="experiments",
+        help_text="The Celery queues it consumes, comma-separated, such as "
+                  "experiments, experiments.gpu (add agent for a worker that runs agent steps).")
+
+    class Meta:
+        model = Worker
+        fields = ["name"]
+
+    def clean_queues_text(self) -> list[str]:
+        try:
+            return queues_parse(self.cleaned_data["queues_text"])
+        except DomainError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Workers on other hosts: registered here (the token is shown once, in a message),
+    revoked by an action; nothing else is edited, and nothing is deleted (the audit log
+    names them)."""
+
+    list_display = ["name", "host", "queues", "state", "version", "last_seen_at", "revoked_at"]
+    actions = ["revoke"]
+    readonly = ["name", "queues", "token_prefix", "created_by", "created_at", "revoked_at",
+                "revoked_by", "host", "version", "accelerators", "pid", "running",
+                "last_seen_at"]
+
+    @admin.display(description="state")
+    def state(self, worker: Worker) -> str:
+        return worker_state(worker)
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False,
+                 **kwargs: Any) -> Any:
+        if obj is None:
+            kwargs["form"] = WorkerAddForm
+        return super().get_form(request, obj, change=change, **kwargs)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        return ["name", "queues_text"] if obj is None else self.readonly
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [] if obj is None else self.readonly
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: Worker, form: Any, change: bool) -> None:
+        if change:
+            return  # nothing on a worker's page is editable
+        worker, token = worker_register(name=form.cleaned_data["name"],
+                                        queues=form.cleaned_data["queues_text"],
+                                        by=request.user)  # type: ignore[arg-type]
+        obj.pk, obj.queues = worker.pk, worker.queues
+        obj._state.adding = False
+        self.message_user(request, f"Worker {worker.name} is registered. Its token, shown this "
+                          f"once (set it as INFRAOPS_WORKER_TOKEN on the worker's host): {token}",
+                          messages.WARNING)
+
+    @admin.action(description="Revoke the selected workers (their tokens are refused from now on)",
+                  permissions=["change"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
+        for worker in queryset:
+            worker_revoke(worker=worker, by=request.user)  # type: ignore[arg-type]
+        self.message_user(request, f"Revoked: {', '.join(w.name for w in queryset)}.")

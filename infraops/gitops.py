@@ -18,15 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
+
+log = logging.getLogger(__name__)
 
 _FULL_SHA = re.compile(r"[0-9a-f]{40}")
 
@@ -791,3 +797,142 @@ def push_refs(repo: Path, url: str, refs: Mapping[str, str], *,
         refspecs.append(f"{commit}:{ref}")
     _run(repo, ["push", "--quiet", "--no-verify", "--porcelain", url, *refspecs],
          timeout=timeout, env=_header_config(headers or {}))
+
+
+# --------------------------------------------------------------------------- smart HTTP
+
+HTTP_BACKEND_TIMEOUT = 1800.0
+_CGI_CHUNK = 1 << 16
+# Given to `git http-backend` and, through GIT_CONFIG_PARAMETERS, to the upload-pack and
+# receive-pack it starts: a worker fetches a commit by its id (the experiment's pinned
+# candidate, which may be on no branch), and the caller has authenticated the worker and
+# checked every ref of a push before receive-pack runs.
+_HTTP_BACKEND_CONFIG = ("-c", "uploadpack.allowAnySHA1InWant=true", "-c", "http.uploadpack=true",
+                        "-c", "http.receivepack=true", "-c", "receive.denyDeletes=true")
+
+
+@dataclass
+class CgiAnswer:
+    """What `git http-backend` answered: its status, its headers, and its body as an iterator
+    that waits for the process at the end (and kills it when the iterator is closed early)."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: Iterator[bytes]
+
+
+def http_backend(repo: Path, *, path: str, method: str, query: str, content_type: str,
+                 body: IO[bytes] | None, user: str,
+                 timeout: float = HTTP_BACKEND_TIMEOUT) -> CgiAnswer:
+    """Serve git's smart HTTP for the bare repository ``repo`` through ``git http-backend``.
+
+    ``path`` follows the repository in the URL ("/info/refs", "/git-upload-pack"); ``body``
+    is the request's uncompressed body as a real file (or None), read from where it stands.
+    The process is killed, with its children, after ``timeout`` seconds or when the answer's
+    body is closed unread.
+    """
+    if not (repo / "HEAD").is_file():
+        raise GitError(f"{repo} is not a repository.")
+    env = _environment(repo, {
+        "GIT_PROJECT_ROOT": str(repo.parent), "GIT_HTTP_EXPORT_ALL": "1",
+        "PATH_INFO": f"/{repo.name}{path}", "REQUEST_METHOD": method, "QUERY_STRING": query,
+        "CONTENT_TYPE": content_type, "REMOTE_USER": user, "REMOTE_ADDR": "127.0.0.1",
+        "GATEWAY_INTERFACE": "CGI/1.1",
+    })
+    if body is not None:
+        # The process reads the file descriptor: put it where the Python file stands (a
+        # buffered seek within what was read already moves no descriptor).
+        body.flush()
+        os.lseek(body.fileno(), body.tell(), os.SEEK_SET)
+    stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed when the body ends)
+    try:
+        process = subprocess.Popen(
+            [GIT_EXECUTABLE, *_SAFETY_CONFIG, *_HTTP_BACKEND_CONFIG, "http-backend"],
+            cwd=repo, env=env, stdin=body if body is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=stderr, start_new_session=True)
+    except OSError as exc:
+        stderr.close()
+        raise GitError(f"`git http-backend` in {repo} could not start: {exc}") from exc
+    watchdog = threading.Timer(timeout, _kill_group, (process,))
+    watchdog.daemon = True
+    watchdog.start()
+    assert process.stdout is not None
+    status, headers = _cgi_head(process.stdout)
+    return CgiAnswer(status, headers, _cgi_body(process, watchdog, stderr))
+
+
+def _cgi_head(stdout: IO[bytes]) -> tuple[int, list[tuple[str, str]]]:
+    """The CGI's status ("Status: 404 Not Found"; 200 without one) and other headers."""
+    status, headers = 200, []
+    while line := stdout.readline(8192).rstrip(b"\r\n"):
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.strip().lower() == "status":
+            code = value.split()[:1]
+            status = int(code[0]) if code and code[0].isdigit() else 500
+        else:
+            headers.append((name.strip(), value.strip()))
+    return status, headers
+
+
+def _cgi_body(process: subprocess.Popen[bytes], watchdog: threading.Timer,
+              stderr: IO[bytes]) -> Iterator[bytes]:
+    assert process.stdout is not None
+    try:
+        while chunk := process.stdout.read1(_CGI_CHUNK):  # type: ignore[attr-defined]
+            yield chunk
+        process.wait()
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            _kill_group(process)
+        elif process.returncode:
+            stderr.seek(0)
+            log.warning("`git http-backend` exited with status %s: %s", process.returncode,
+                        _first_lines(stderr.read(4096)))
+        process.stdout.close()
+        stderr.close()
+
+
+@dataclass(frozen=True)
+class PushCommand:
+    """One ref update of a push: ``old`` and ``new`` object ids (all zeros: none)."""
+
+    old: str
+    new: str
+    ref: str
+
+    @property
+    def is_deletion(self) -> bool:
+        return set(self.new) == {"0"}
+
+
+_PUSH_COMMAND = re.compile(r"([0-9a-f]{40}|[0-9a-f]{64}) ([0-9a-f]{40}|[0-9a-f]{64}) (\S+)")
+_PKT_MAX = 65520
+_PUSH_COMMANDS_MAX = 10000
+
+
+def receive_pack_commands(body: IO[bytes]) -> list[PushCommand]:
+    """The ref updates at the head of a receive-pack request (pkt-lines up to the first flush,
+    before the pack), read from ``body``'s current position; GitError in words when they are
+    not git's push protocol. Shallow lines are skipped; a signed push (push-cert) is refused."""
+    commands: list[PushCommand] = []
+    while True:
+        size_text = body.read(4)
+        try:
+            size = int(size_text, 16) if len(size_text) == 4 else -1
+        except ValueError:
+            size = -1
+        if size == 0:
+            return commands
+        if not 4 < size <= _PKT_MAX or len(commands) >= _PUSH_COMMANDS_MAX:
+            raise GitError("the push request does not begin with git's ref update lines.")
+        line = body.read(size - 4).split(b"\0", 1)[0].rstrip(b"\n").decode("utf-8", "replace")
+        if line.startswith("shallow "):
+            continue
+        if line.startswith("push-cert"):
+            raise GitError("signed pushes (push-cert) are not accepted here.")
+        match = _PUSH_COMMAND.fullmatch(line)
+        if match is None:
+            raise GitError(f"the push request has a ref update git would not send: {line[:100]!r}.")
+        commands.append(PushCommand(*match.groups()))
+

@@ -567,3 +567,39 @@ class AuditEntry(models.Model):
     def __str__(self) -> str:
         return f"{self.actor_label} {self.action} {self.object_type}:{self.object_id}"
 
+
+
+class Worker(models.Model):
+    """A Celery worker on another host, known to the web by its token (infraops/experiments/
+    fleet.py). The token is shown once at registration and stored only as its sha256: it is
+    32 random bytes, so a fast hash is enough and a leaked table reveals no usable token.
+    The fields below `revoked_by` are what the worker last reported in its heartbeat."""
+
+    name = models.SlugField(max_length=80, unique=True)
+    queues = models.JSONField(default=list, help_text="Celery queues it consumes, such as "
+                              '["experiments", "experiments.gpu"].')
+    token_prefix = models.CharField(max_length=12, db_index=True)
+    token_hash = models.CharField(max_length=64)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoked_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    host = models.CharField(max_length=255, blank=True)
+    version = models.CharField(max_length=40, blank=True)
+    accelerators = models.JSONField(default=list, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    running = models.CharField(max_length=200, blank=True,
+                               help_text='What it runs now, such as "experiment 12"; "" when idle.')
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None

@@ -42,11 +42,15 @@ def members_of_new_target(target: Target) -> Target:
 
 @pytest.fixture(autouse=True)
 def data_dir(settings: Any) -> Iterator[Path]:
-    """Each test gets its own data folder (clones, worktrees, probe outputs). Not under
-    pytest's tmp_path: that is private to root, and the sandbox user must reach worktrees."""
+    """Each test gets its own data folder (clones, worktrees, probe outputs, the blob store's
+    files). Not under pytest's tmp_path: that is private to root, and the sandbox user must
+    reach worktrees."""
     path = Path(tempfile.mkdtemp(prefix="infraops-test-"))
     path.chmod(0o755)
     settings.DATA_DIR = path
+    settings.STORAGES = {**settings.STORAGES, "blobs": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(path / "blobs")}}}
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

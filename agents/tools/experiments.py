@@ -36,7 +36,7 @@ from agents.tools.run import run_experiment_of, the_run
 from agents.tools.schema import MAX_ID, integer, obj, string
 from infraops.experiments.analysis import link_outputs
 from infraops.experiments.behaviour import TRACE_MAX_BYTES
-from infraops.experiments.blobs import blob_path
+from infraops.experiments.blobstore import blob_store
 from infraops.experiments.services import reproduce_command
 from infraops.feedback import correctness, traces
 from infraops.manifest import DEFAULT_ATOL, DEFAULT_RTOL, Probe
@@ -722,8 +722,8 @@ def _trace(execution: ProbeExecution) -> traces.Trace | None:
     if artifact is None or artifact.size > TRACE_MAX_BYTES:
         return None
     try:
-        path = blob_path(Path(settings.DATA_DIR) / "blobs", artifact.sha256)
-        return traces.parse_trace(path.read_bytes())
+        with blob_store().open(artifact.sha256) as handle:
+            return traces.parse_trace(handle.read())
     except (traces.TraceError, OSError, ValueError):
         return None
 

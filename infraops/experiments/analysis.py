@@ -29,7 +29,7 @@ import numpy as np
 from django.conf import settings
 
 from infraops.experiments.behaviour import Runs, behaviour_findings
-from infraops.experiments.blobs import blob_path
+from infraops.experiments.blobstore import blob_store
 from infraops.feedback import correctness, stats
 from infraops.feedback import findings as feedback
 from infraops.feedback.correctness import CaseComparison
@@ -306,15 +306,16 @@ def link_outputs(folder: Path, artifacts: Iterable[Artifact]) -> Path:
     """A new `folder` holding the outputs/<name> files among `artifacts`, hard-linked out of
     the blob store (copied where a link cannot be made)."""
     folder.mkdir()
-    root = Path(settings.DATA_DIR) / "blobs"
+    store = blob_store()
     for artifact in artifacts:
         if not artifact.name.startswith("outputs/") or artifact.name.count("/") != 1:
             continue
         destination = folder / artifact.name.removeprefix("outputs/")
+        source = store.local_path(artifact.sha256)
         try:
-            os.link(blob_path(root, artifact.sha256), destination)
+            os.link(source, destination)
         except OSError:
-            shutil.copyfile(blob_path(root, artifact.sha256), destination)
+            shutil.copyfile(source, destination)
     return folder
 
 

@@ -17,12 +17,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-from django.conf import settings
-
-from infraops.experiments.blobs import blob_path
+from infraops.experiments.blobstore import blob_store
 from infraops.feedback import findings as feedback
 from infraops.feedback import traces
 from infraops.feedback.findings import Finding
@@ -48,9 +45,9 @@ def _trace(execution: ProbeExecution | None) -> traces.Trace | None:
     artifact = next((a for a in execution.artifacts.all() if a.name == "trace.json"), None)
     if artifact is None or artifact.size > TRACE_MAX_BYTES:
         return None
-    path = blob_path(Path(settings.DATA_DIR) / "blobs", artifact.sha256)
     try:
-        return traces.parse_trace(path.read_bytes())
+        with blob_store().open(artifact.sha256) as handle:
+            return traces.parse_trace(handle.read())
     except (traces.TraceError, OSError):
         return None
 

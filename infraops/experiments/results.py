@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 
-from infraops.experiments.blobs import blob_put
+from infraops.experiments.blobstore import blob_store
 from infraops.live import notify
 from infraops.models import Artifact, Experiment, ExperimentLog, ProbeExecution, Sample
 
@@ -152,7 +151,7 @@ def artifacts_link(execution: ProbeExecution, kept: list[Artifact]) -> None:
 def artifacts_collect(out_dir: Path) -> tuple[list[Artifact], list[str]]:
     """Copy every regular file of out_dir into the blob store (no database: run it outside a
     transaction); returns unsaved Artifact rows and the problems met."""
-    root = Path(settings.DATA_DIR) / "blobs"
+    store = blob_store()
     problems: list[str] = []
     kept: list[Artifact] = []
     total = 0
@@ -170,7 +169,7 @@ def artifacts_collect(out_dir: Path) -> tuple[list[Artifact], list[str]]:
             problems.append(f"artifacts capped at {ARTIFACT_FILES_LIMIT} files / "
                             f"{ARTIFACT_BYTES_LIMIT >> 20} MiB: {name} and later files skipped")
             break
-        sha, size = blob_put(root, path)
+        sha, size = store.put(path)
         total += size
         kept.append(Artifact(name=name[:300], sha256=sha, size=size))
     return kept, problems

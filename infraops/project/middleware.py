@@ -21,11 +21,15 @@ CSP = (
     "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'self'; "
     "form-action 'self'"
 )
-PUBLIC_PREFIXES = ("/accounts/login/", "/static/", "/healthz", "/admin/login/")
+# The workers' endpoints authenticate every request by the worker's token instead
+# (infraops/fleet_views.py).
+PUBLIC_PREFIXES = ("/accounts/login/", "/static/", "/healthz", "/admin/login/", "/fleet/api/",
+                   "/fleet/git/")
 
 
 class LoginRequiredMiddleware:
-    """Every page needs a signed-in user, except the login page, static files and /healthz."""
+    """Every page needs a signed-in user, except the login page, static files, /healthz and
+    the workers' token-authenticated endpoints."""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response

@@ -8,7 +8,9 @@ With DATABASE_URL / REDIS_URL unset, the embedded PostgreSQL and Redis that
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -223,6 +225,29 @@ def _secret_key_fallback(data_dir: Path, debug: bool) -> str:
                        "for development; `manage.py standalone` makes its own).")
 
 
+def _blob_storage(backend: str, options: str, data_dir: Path) -> dict[str, Any]:
+    """STORAGES["blobs"]: by default the files under <data>/blobs, as they always were.
+    INFRAOPS_BLOB_STORAGE names another Django storage backend (a dotted path) and
+    INFRAOPS_BLOB_STORAGE_OPTIONS its options as a JSON object: with django-storages installed,
+    "storages.backends.s3.S3Storage" and {"bucket_name": "...", "endpoint_url": "..."} keep
+    them in an S3-compatible store."""
+    try:
+        parsed = json.loads(options) if options.strip() else {}
+    except ValueError as exc:
+        raise _ConfigError(f"INFRAOPS_BLOB_STORAGE_OPTIONS is not JSON ({exc}).") from None
+    if not isinstance(parsed, dict):
+        raise _ConfigError("INFRAOPS_BLOB_STORAGE_OPTIONS must be a JSON object, such as "
+                           '{"bucket_name": "infraops-blobs"}.')
+    backend = backend.strip()
+    if not backend:
+        return {"BACKEND": "django.core.files.storage.FileSystemStorage",
+                "OPTIONS": {"location": str(data_dir / "blobs"), **parsed}}
+    if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", backend):
+        raise _ConfigError(f"INFRAOPS_BLOB_STORAGE={backend!r} is not a dotted path to a "
+                           "storage class.")
+    return {"BACKEND": backend, "OPTIONS": parsed}
+
+
 try:
     DATA_DIR = Path(_read("INFRAOPS_DATA", "str", str(BASE_DIR / ".infraops"))).resolve()
     DEBUG = _read("DEBUG", "bool", False)
@@ -291,17 +316,23 @@ try:
     # Set by `standalone` for its processes when it starts a GPU worker beside the others, so
     # that its showcase starts the demo's GPU goal (agents/management/commands/start_runs.py).
     GPU_WORKER = _read("INFRAOPS_GPU_WORKER", "bool", False)
-    # A worker on another host than the web (infraops/experiments/remote.py): the web's URL
-    # and this worker's token (manage.py worker_register). Empty: the worker shares the web's
-    # data folder, as in one-host installs.
-    WEB_URL = _read("INFRAOPS_WEB_URL", "str", "").strip()
-    WORKER_TOKEN = _read("INFRAOPS_WORKER_TOKEN", "str", "").strip()
-    WEB_RETRY_SECONDS = _read("INFRAOPS_WEB_RETRY_SECONDS", "float", 120.0)
-    if WEB_URL and not WEB_URL.startswith(("http://", "https://")):
-        raise _ConfigError(f"INFRAOPS_WEB_URL={WEB_URL!r} must start with http:// or https://.")
     # Approvals and run starts one user may make per window (infraops/ratelimit.py).
     RATE_APPROVE_PER_MIN = _read("INFRAOPS_RATE_APPROVE_PER_MIN", "int", 100)
     RATE_START_RUN_PER_MIN = _read("INFRAOPS_RATE_START_RUN_PER_MIN", "int", 100)
+    # Workers on other hosts (docs/architecture.md, "The fleet"). WEB_URL "" means this
+    # process shares the web's data folder (one host); else the worker fetches git and blobs
+    # from the web over HTTP, authenticated by WORKER_TOKEN (`manage.py worker_register`).
+    WEB_URL = _read("INFRAOPS_WEB_URL", "str", "").strip().rstrip("/")
+    WORKER_TOKEN = _read("INFRAOPS_WORKER_TOKEN", "str", "").strip()
+    if WEB_URL and not WEB_URL.startswith(("http://", "https://")):
+        raise _ConfigError(f"INFRAOPS_WEB_URL={WEB_URL!r} must start with http:// or https://.")
+    # How long a worker retries a request the network or a restarting web fails
+    # (infraops/experiments/remote.py).
+    WEB_RETRY_SECONDS = _read("INFRAOPS_WEB_RETRY_SECONDS", "float", 120.0)
+    # The largest blob (a probe's output file) a worker may upload: 2 GiB by default.
+    BLOB_MAX_BYTES = _read("INFRAOPS_BLOB_MAX_BYTES", "int", 2 << 30)
+    BLOB_STORAGE = _blob_storage(_read("INFRAOPS_BLOB_STORAGE", "str", ""),
+                                 _read("INFRAOPS_BLOB_STORAGE_OPTIONS", "str", ""), DATA_DIR)
     if not SECRET_KEY:
         SECRET_KEY = _secret_key_fallback(DATA_DIR, DEBUG)
     if TASK_TIME_LIMIT <= 0:
@@ -313,7 +344,8 @@ try:
                           ("INFRAOPS_SANDBOX_MAX_MEMORY_MB", SANDBOX_MAX_MEMORY_MB),
                           ("INFRAOPS_SANDBOX_MAX_DISK_MB", SANDBOX_MAX_DISK_MB),
                           ("INFRAOPS_RATE_APPROVE_PER_MIN", RATE_APPROVE_PER_MIN),
-                          ("INFRAOPS_RATE_START_RUN_PER_MIN", RATE_START_RUN_PER_MIN)):
+                          ("INFRAOPS_RATE_START_RUN_PER_MIN", RATE_START_RUN_PER_MIN),
+                          ("INFRAOPS_BLOB_MAX_BYTES", BLOB_MAX_BYTES)):
         if _value <= 0:
             raise _ConfigError(f"{_name}={_value} must be positive.")
 except _ConfigError as error:
@@ -419,6 +451,9 @@ STATIC_ROOT = DATA_DIR / "staticfiles"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "infraops.project.staticfiles.HashedStaticFiles"},
+    # Probe outputs, content-addressed: "<sha256[:2]>/<sha256>"
+    # (infraops/experiments/blobstore.py).
+    "blobs": BLOB_STORAGE,
 }
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG

@@ -17,6 +17,7 @@ urlpatterns = [
     path("", include("agents.urls")),
     path("reviews/", include("reviews.urls")),
     path("skeletons/", include("skeletons.urls")),
+    path("fleet/", include("infraops.fleet_urls")),
     # Throttled: failed sign-ins lock a username or an address for a while
     # (infraops/project/login.py).
     path("accounts/login/", LoginView.as_view(), name="login"),

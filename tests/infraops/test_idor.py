@@ -56,10 +56,14 @@ ADMIN_KINDS: dict[str, type[models.Model]] = {
 # Admin pages of rows that belong to no target: people, groups, reviewers' classes, the audit
 # log (model permissions decide those, the same for every id), the skeleton library.
 NOT_TARGET_ROWS = {"auth.user", "auth.group", "reviews.reviewerprofile", "infraops.auditentry",
-                   "skeletons.skeleton"}
+                   "skeletons.skeleton", "infraops.worker"}
 # Site pages of rows that belong to no target: the skeleton library, by slug. What they show
 # of targets' objects is scoped (tests/skeletons/test_skeletons.py).
 NOT_TARGET_PAGES = {"skeletons:detail", "skeletons:promote"}
+# The fleet: a worker by name (staff only), and what workers on other hosts call, which no
+# session opens: only a worker's token, refused with 401 without one
+# (tests/infraops/experiments/test_fleet_http.py, test_fleet_git.py, test_fleet_page.py).
+NOT_TARGET_PAGES |= {"fleet:revoke", "fleet:blob", "fleet:git", "fleet:git-unknown"}
 SOCKET_KINDS: dict[str, type[models.Model]] = {"ws/runs/": AgentRun,
                                                "ws/experiments/": Experiment}
 

@@ -45,6 +45,11 @@ def manage(*args: str, **overrides: str) -> subprocess.CompletedProcess[str]:
     ("INFRAOPS_SANDBOX_GPU_DEVICES", "nvidia0", "absolute path"),
     ("INFRAOPS_SANDBOX_CGROUP", "sys/fs/cgroup/infraops", "absolute path"),
     ("INFRAOPS_GPU_WORKER", "maybe", "maybe"),
+    ("INFRAOPS_BLOB_MAX_BYTES", "lots", "lots"),
+    ("INFRAOPS_BLOB_MAX_BYTES", "0", "positive"),
+    ("INFRAOPS_BLOB_STORAGE", "not a path", "dotted path"),
+    ("INFRAOPS_BLOB_STORAGE_OPTIONS", "{bucket", "not JSON"),
+    ("INFRAOPS_BLOB_STORAGE_OPTIONS", "[1]", "JSON object"),
 ])
 def test_a_malformed_value_stops_manage_py_with_one_sentence_naming_the_variable(
     name: str, value: str, says: str
@@ -204,3 +209,24 @@ def test_live_updates_do_not_cross_between_redis_databases_of_one_server() -> No
     first, second = async_to_sync(scenario)()
     assert first == {"type": "from.this.one"}
     assert second is None
+
+
+def blob_storage(**overrides: str) -> dict[str, object]:
+    result = manage("shell", "-c", "import json; from django.conf import settings; "
+                    "print(json.dumps(settings.STORAGES['blobs']))", **overrides)
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def test_blobs_are_files_in_the_data_folder_unless_another_storage_is_named(
+        tmp_path: Path) -> None:
+    assert blob_storage(INFRAOPS_DATA=str(tmp_path)) == {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(tmp_path / "blobs")}}
+    assert blob_storage(INFRAOPS_BLOB_STORAGE="storages.backends.s3.S3Storage",
+                        INFRAOPS_BLOB_STORAGE_OPTIONS='{"bucket_name": "blobs"}') == {
+        "BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {"bucket_name": "blobs"}}
+
+
+def test_the_fleet_settings_default_to_one_host() -> None:
+    assert (settings.WEB_URL, settings.WORKER_TOKEN, settings.BLOB_MAX_BYTES) == ("", "", 2 << 30)
