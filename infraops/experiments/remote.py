@@ -19,7 +19,6 @@ name only once its hash is checked, so a cut never leaves half a result.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import http.client
 import json
 import logging
@@ -42,6 +41,7 @@ from django.conf import settings
 from infraops import errors, gitops
 from infraops.errors import DomainError
 from infraops.experiments.blobs import CHUNK, blob_path, blob_put
+from infraops.experiments.blobstore import BlobMissing, file_sha256
 from infraops.experiments.workers import Periodic
 from infraops.version import VERSION
 
@@ -190,7 +190,7 @@ class WebClient:
                     if not 200 <= status < 300:
                         raise self._refusal(status, content)
                     tmp.flush()
-                    got = _sha256_of(Path(tmp.name))
+                    got = file_sha256(Path(tmp.name))
                     if got != sha256:
                         raise _Transient(f"blob {sha256[:12]} arrived as {got[:12]} (cut?)")
                     Path(tmp.name).replace(dest)
@@ -231,14 +231,6 @@ class WebClient:
                 raise _Transient(text) from exc
 
         self._retrying(what, attempt)
-
-
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def is_remote() -> bool:
@@ -330,16 +322,19 @@ class RemoteBlobStore:
     def local_path(self, sha256: str) -> Path:
         path = blob_path(self.root, sha256)
         if not path.is_file():
-            self.web.blob_download(sha256, path)
+            try:
+                self.web.blob_download(sha256, path)
+            except WebRefused as exc:
+                if exc.status == 404:
+                    raise BlobMissing(f"the web has no blob {sha256}") from None
+                raise
         return path
 
     def exists(self, sha256: str) -> bool:
         try:
             self.local_path(sha256)
-        except WebRefused as exc:
-            if exc.status == 404:
-                return False
-            raise
+        except BlobMissing:
+            return False
         return True
 
     def open(self, sha256: str) -> BinaryIO:
