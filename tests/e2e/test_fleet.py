@@ -104,7 +104,10 @@ def test_a_tuner_run_completes_on_remote_workers_and_survives_one_host_lost(
 
         run = wait_until(lambda: _ended(run), timeout=600, interval=1.0,
                          what="the tuner run to end")
-        assert run.status == AgentRun.Status.SUCCEEDED, run.stop_reason
+        # The probe measures the same constant on every commit: the tuner ends as planned,
+        # with nothing to submit.
+        assert run.status == AgentRun.Status.FINISHED, run.stop_reason
+        assert run.stop_reason == "nothing beat the base"
         experiments = list(Experiment.objects.filter(runs=run))
         assert len(experiments) >= 2
         assert all(e.status == Experiment.Status.SUCCEEDED for e in experiments)
