@@ -16,11 +16,11 @@ import psutil
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
-from infraops.experiments.fleet import worker_register
 
 from agents.models import AgentRun
 from agents.services import run_start
 from bench.fleet import RemoteWorker, start_remote_worker, start_web
+from infraops.experiments.fleet import worker_register
 from infraops.models import Experiment, Target
 from infraops.services.targets import target_register
 from tests.conftest import make_origin
