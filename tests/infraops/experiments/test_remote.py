@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,7 +107,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def web() -> Iterator[StandIn]:
     server = StandIn()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield server
     server.shutdown()
@@ -232,3 +233,71 @@ def test_the_heartbeat_says_what_each_pool_process_runs(settings: Any, tmp_path:
     assert not (folder / "999999999").exists()
     remote.running_set("")
     assert remote.running_now() == ""
+
+
+def test_a_web_that_comes_back_within_the_window_is_waited_for() -> None:
+    # Nothing listens on the port yet (the web restarting); it answers a second later.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    later = threading.Timer(1.0, lambda: _serve_on(port))
+    later.start()
+    client = remote.WebClient(f"http://127.0.0.1:{port}", TOKEN, timeout=5, retry_seconds=60)
+    try:
+        assert client.heartbeat({"host": "h"})["worker"] == "w1"
+    finally:
+        later.join()
+        for server in _SERVED:
+            server.shutdown()
+            server.server_close()
+
+
+_SERVED: list[StandIn] = []
+
+
+def _serve_on(port: int) -> None:
+    server = StandIn.__new__(StandIn)
+    http.server.ThreadingHTTPServer.__init__(server, ("127.0.0.1", port), Handler)
+    server.blobs, server.heartbeats, server.requests, server.failures = {}, [], [], []
+    server.corrupt_next_download = False
+    _SERVED.append(server)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+
+
+def test_a_revoked_worker_stops_taking_tasks(web: StandIn) -> None:
+    web.failures = ["refuse-403"]
+    stopped: list[str] = []
+    beat = remote.RemoteHeartbeat(["experiments"], on_refused=stopped.append,
+                                  web=client_of(web))
+    beat.tick()
+    beat.tick()  # refused once: not asked again, not stopped twice
+    assert len(stopped) == 1 and "revoked" in stopped[0]
+    assert len(web.requests) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_the_web_refuses_gives_its_experiment_back_to_the_queue(
+    web: StandIn, settings: Any, data_dir: Path, example_target: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from infraops.experiments import services
+    from infraops.models import Experiment
+
+    settings.WEB_URL, settings.WORKER_TOKEN = web.url, TOKEN
+    monkeypatch.setattr(remote, "_client", None)
+    sent: list[tuple[int, str]] = []
+    monkeypatch.setattr(services, "_send_after_commit",
+                        lambda pk, queue: sent.append((pk, queue)))
+    stops: list[bool] = []
+    monkeypatch.setattr(services, "_stop_this_worker", lambda: stops.append(True))
+    commit = example_target.manifest_commit
+    experiment = Experiment.objects.create(
+        target=example_target, baseline_commit=commit, candidate_commit=commit,
+        probes=["latency-bench"], manifest_sha256=example_target.manifest_sha256)
+    web.failures = ["refuse-403"] * 10  # the git fetch is refused: the token was revoked
+
+    assert services.experiment_execute(experiment_id=experiment.pk, worker="gpu-7:1") is None
+    experiment.refresh_from_db()
+    assert experiment.status == Experiment.Status.QUEUED
+    assert experiment.claimed_by == "" and experiment.attempts == 1
+    assert sent == [(experiment.pk, experiment.queue)] and stops == [True]
