@@ -3,6 +3,7 @@ Redis, the web, the worker and the GPU worker), the tuner run on the demo's GPU 
 through the database and the web pages, as a user would see it.
 
     python3 bench/gpu_worker.py OUT_DIR [--port 8321] [--deadline 900] [--gpu off] [--goal NAME]
+                                        [--remote-workers]
     python3 bench/gpu_worker.py OUT_DIR --fla [--deadline 900]
 
 `--fla`: the flash-linear-attention targets instead (examples/fla-kda, examples/fla-cp, built
@@ -18,6 +19,9 @@ its risk), the pages as HTML and the standalone's log; prints the figures.
 
 `--gpu off` is the smoke test of this script on a machine without a GPU: no GPU worker, and the
 demo's CPU twin of the GPU goal (CPU_GOAL: the same merge, kda/**) unless --goal names another.
+`--remote-workers`: the experiment (and GPU) workers run as workers of another host would, with
+a data folder of their own, reaching the web over HTTP (docs/deploy.md); the summary names the
+repositories their cache fetched.
 The embedded PostgreSQL is stopped and the data folder removed at the end.
 """
 
@@ -61,6 +65,9 @@ def main() -> int:
                         help="off: a smoke test of this script on a machine without a GPU.")
     parser.add_argument("--fla", action="store_true",
                         help="Run the goals of the flash-linear-attention targets.")
+    parser.add_argument("--remote-workers", action="store_true",
+                        help="The experiment workers as workers of another host: a data folder "
+                             "of their own, the web over HTTP (standalone --remote-workers).")
     args = parser.parse_args()
     args.goal = args.goal or (GOAL if args.gpu == "on" else CPU_GOAL)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -73,13 +80,20 @@ def main() -> int:
     servers: list[Any] = []  # this process's handle on the embedded PostgreSQL
     standalone = subprocess.Popen(
         [sys.executable, "manage.py", "standalone", "--port", str(args.port), "--gpu", args.gpu,
-         "--no-showcase", *(["--demo-llm"] if args.fla else [])], cwd=ROOT, env=env,
+         "--no-showcase", *(["--demo-llm"] if args.fla else []),
+         *(["--remote-workers"] if args.remote_workers else [])], cwd=ROOT, env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines = wait_for_page(standalone, log, started + 300)
         password = next(m[1] for line in lines
                         if (m := re.match(r"Created admin \(.*\) with password (\S+)", line)))
         summary = drive(data, args, password, started, standalone, log, servers)
+        if args.remote_workers:
+            summary["remote_worker_cache"] = sorted(
+                path.name for path in (data / "worker-host" / "cache").glob("target-*.git"))
+            if not summary["remote_worker_cache"]:
+                raise SystemExit("--remote-workers: the remote worker fetched no repository "
+                                 "into its own cache")
     finally:
         standalone.send_signal(signal.SIGTERM)
         try:

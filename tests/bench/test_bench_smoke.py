@@ -68,8 +68,9 @@ SMOKE: dict[str, Smoke] = {
                                why_e2e="real sandboxed experiments under callgrind (a minute)"),
     "fleet.py": Smoke(("--smoke", "--database", DATABASE), "own", e2e=True,
                       why_e2e="a web and remote Celery workers in mount namespaces of their own"),
-    "gpu_worker.py": Smoke((OUT, "--gpu", "off", "--port", PORT), e2e=True, timeout=420,
-                           why_e2e="`manage.py standalone` and a tuner run on the CPU twin"),
+    "gpu_worker.py": Smoke((OUT, "--gpu", "off", "--port", PORT, "--remote-workers"), e2e=True,
+                           timeout=420, why_e2e="`manage.py standalone` (its experiment workers "
+                                                "remote) and a tuner run on the CPU twin"),
     "hostile_patches.py": Smoke(("--smoke",)),
     "live_log.py": Smoke(("--smoke",), "url", e2e=True, why_e2e="a real uvicorn"),
     "load.py": Smoke(("--requests", "40", "--clients", "4", "--database", DATABASE), "own",

@@ -82,6 +82,10 @@ class Command(BaseCommand):
         parser.add_argument("--gpu", choices=("auto", "on", "off"), default="auto",
                             help="Start a GPU worker (queue experiments.gpu) beside the others: "
                                  "auto does where this host has a GPU device node.")
+        parser.add_argument("--remote-workers", action="store_true",
+                            help="Run the experiment workers as workers of another host would "
+                                 "run: a data folder of their own, the web reached over HTTP "
+                                 "with a registered token (docs/deploy.md).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         data = Path(settings.DATA_DIR)
@@ -127,15 +131,24 @@ class Command(BaseCommand):
             self._wait_for_page(web, host, port)
             self.stdout.write(self.style.SUCCESS(
                 f"InfraOps is running at http://{host}:{port}/  (Ctrl-C stops everything)"))
+            remote = options["remote_workers"]
+            experiment_env = self._remote_env(env, data, host, port, gpu) if remote else env
             self._start(env, [sys.executable, "-m", "celery", "-A", "infraops.project", "worker",
-                              "-Q", "agent,experiments", "-c", str(options["concurrency"]),
+                              "-Q", "agent" if remote else "agent,experiments",
+                              "-c", str(options["concurrency"]),
                               "-B", "-s", str(data / "celerybeat-schedule"),
                               "--loglevel", "INFO", "-n", f"standalone@{socket.gethostname()}"])
+            if remote:
+                self._start(experiment_env, [
+                    sys.executable, "-m", "celery", "-A", "infraops.project", "worker",
+                    "-Q", "experiments", "-c", str(options["concurrency"]), "--loglevel", "INFO",
+                    "-n", f"remote@{socket.gethostname()}"])
             if gpu:
                 # One experiment at a time: measurements on one GPU must not share it.
-                self._start(env, [sys.executable, "-m", "celery", "-A", "infraops.project",
-                                  "worker", "-Q", "experiments.gpu", "-c", "1",
-                                  "--loglevel", "INFO", "-n", f"gpu@{socket.gethostname()}"])
+                self._start(experiment_env, [
+                    sys.executable, "-m", "celery", "-A", "infraops.project", "worker",
+                    "-Q", "experiments.gpu", "-c", "1", "--loglevel", "INFO",
+                    "-n", f"gpu@{socket.gethostname()}"])
             self._wait()
         except KeyboardInterrupt:
             pass
@@ -157,6 +170,29 @@ class Command(BaseCommand):
             "holds torch and Triton)")
         self.stdout.write(f"GPU worker: probes that require gpu get {nodes}; toolchains: {tools}.")
         return True
+
+    def _remote_env(self, env: dict[str, str], data: Path, host: str, port: int,
+                    gpu: bool) -> dict[str, str]:
+        """The environment of an experiment worker of "another host": its own data folder
+        (data/worker-host), the web's URL and a token registered once (kept in that folder)."""
+        folder = data / "worker-host"
+        folder.mkdir(mode=0o755, exist_ok=True)
+        token_file = folder / "worker_token"
+        if not token_file.exists():
+            queues = "experiments,experiments.gpu" if gpu else "experiments"
+            name = f"standalone-{secrets.token_hex(3)}"
+            result = subprocess.run(
+                [sys.executable, "manage.py", "worker_register", name, "--queues", queues],
+                env=env, cwd=settings.BASE_DIR, timeout=120, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise CommandError(f"registering the remote worker failed: {result.stderr}")
+            token_file.write_text(result.stdout.strip())
+            token_file.chmod(0o600)
+        address = f"[{host}]" if ":" in host else host
+        self.stdout.write(f"Experiment workers run as remote workers: data in {folder}, the "
+                          f"web at http://{address}:{port}.")
+        return env | {"INFRAOPS_DATA": str(folder), "INFRAOPS_WEB_URL": f"http://{address}:{port}",
+                      "INFRAOPS_WORKER_TOKEN": token_file.read_text().strip()}
 
     def _secret_key(self, data: Path) -> str:
         if os.environ.get("SECRET_KEY"):
