@@ -3,7 +3,8 @@
 Safe to run twice: an execution is owned by (claimed_by, attempt) and every write checks it;
 results are unique per attempt, so a re-delivered task never records a result twice.
 
-Leases: a claim holds the experiment for LEASE; a heartbeat thread renews it while probes run.
+Leases: a claim holds the experiment for its lease (INFRAOPS_EXPERIMENT_LEASE_SECONDS, 60 s by
+default); a heartbeat thread renews it while probes run.
 A task redelivered on the same host after its worker process died takes over at once (the
 holder's pid is gone); elsewhere the reaper re-queues it once the lease has expired.
 """
@@ -58,8 +59,17 @@ from infraops.signals import experiment_finished
 
 log = logging.getLogger(__name__)
 
-LEASE = timedelta(seconds=60)
-RENEW_EVERY = 15.0
+RENEW_EVERY = 15.0  # seconds, for the default 60 s lease: a quarter of the lease
+
+
+def lease() -> timedelta:
+    """How long a claim holds an experiment without a renewal: what a lost host costs before
+    the reaper sends its experiment to another worker."""
+    return timedelta(seconds=settings.EXPERIMENT_LEASE_SECONDS)
+
+
+def renew_every() -> float:
+    return RENEW_EVERY * float(settings.EXPERIMENT_LEASE_SECONDS) / 60.0
 REQUEUE_QUEUED_AFTER = timedelta(minutes=2)
 KEPT_OUTPUT_BYTES = 64_000
 SIDES = (ProbeExecution.Side.BASELINE, ProbeExecution.Side.CANDIDATE)
@@ -239,7 +249,7 @@ def experiment_claim(*, experiment_id: int, worker: str) -> Experiment | None:
         pk=experiment_id, status=Experiment.Status.QUEUED, attempts__lt=F("max_attempts"),
     ).update(
         status=Experiment.Status.RUNNING, attempts=F("attempts") + 1, claimed_by=worker,
-        lease_expires_at=now + LEASE,
+        lease_expires_at=now + lease(),
         started_at=Coalesce("started_at", Value(now, output_field=DateTimeField())),
     )
     if claimed:
@@ -267,7 +277,7 @@ def experiment_claim(*, experiment_id: int, worker: str) -> Experiment | None:
         experiment.status = Experiment.Status.RUNNING
         experiment.attempts += 1
         experiment.claimed_by = worker
-        experiment.lease_expires_at = now + LEASE
+        experiment.lease_expires_at = now + lease()
         experiment.started_at = experiment.started_at or now
         experiment.save(update_fields=["status", "attempts", "claimed_by", "lease_expires_at",
                                        "started_at"])
@@ -340,7 +350,7 @@ class _Lease:
         renewed = Experiment.objects.filter(
             pk=self.experiment_id, claimed_by=self.worker, attempts=self.attempt,
             status=Experiment.Status.RUNNING,
-        ).update(lease_expires_at=timezone.now() + LEASE)
+        ).update(lease_expires_at=timezone.now() + lease())
         if renewed != 1:
             self.lost.set()
             raise LeaseLost(f"experiment {self.experiment_id} attempt {self.attempt}")
@@ -352,7 +362,7 @@ class _Lease:
 
         def beat() -> None:
             try:
-                while not stop.wait(RENEW_EVERY):
+                while not stop.wait(renew_every()):
                     self.renew()
             except LeaseLost:
                 pass

@@ -326,6 +326,13 @@ try:
     WORKER_TOKEN = _read("INFRAOPS_WORKER_TOKEN", "str", "").strip()
     if WEB_URL and not WEB_URL.startswith(("http://", "https://")):
         raise _ConfigError(f"INFRAOPS_WEB_URL={WEB_URL!r} must start with http:// or https://.")
+    # How long a claim holds an experiment without a renewal (renewed every quarter of it while
+    # probes run): a worker lost without a goodbye costs this, plus the reaper's 30 s, before
+    # another worker runs its experiment (infraops/experiments/services.py).
+    EXPERIMENT_LEASE_SECONDS = _read("INFRAOPS_EXPERIMENT_LEASE_SECONDS", "float", 60.0)
+    if not 5 <= EXPERIMENT_LEASE_SECONDS <= 3600:
+        raise _ConfigError(f"INFRAOPS_EXPERIMENT_LEASE_SECONDS={EXPERIMENT_LEASE_SECONDS} must be "
+                           "between 5 and 3600.")
     # How long a worker retries a request the network or a restarting web fails
     # (infraops/experiments/remote.py).
     WEB_RETRY_SECONDS = _read("INFRAOPS_WEB_RETRY_SECONDS", "float", 120.0)

@@ -78,8 +78,11 @@ def test_a_tuner_run_completes_on_remote_workers_and_survives_one_host_lost(
                     extra=["-B", "-s", str(data_dir / "celerybeat-schedule")])
         for name in ("remote-a", "remote-b"):
             _, token = worker_register(name=name, queues=["experiments"], by=admin)
-            remotes.append(start_remote_worker(name, env=env, web_url=web_url, token=token,
-                                               hide=[data_dir]))
+            # A 15 s lease: the lost host's experiment waits at most that and the reaper's
+            # 30 s before another worker takes it (60 s by default).
+            remotes.append(start_remote_worker(
+                name, env=env | {"INFRAOPS_EXPERIMENT_LEASE_SECONDS": "15"}, web_url=web_url,
+                token=token, hide=[data_dir]))
         wait_until(lambda: all(
             (r.data / "view.txt").exists() and "ready" in _log(r) for r in remotes),
             timeout=120, interval=0.5, what="both remote workers ready")

@@ -50,6 +50,9 @@ def manage(*args: str, **overrides: str) -> subprocess.CompletedProcess[str]:
     ("INFRAOPS_BLOB_STORAGE", "not a path", "dotted path"),
     ("INFRAOPS_BLOB_STORAGE_OPTIONS", "{bucket", "not JSON"),
     ("INFRAOPS_BLOB_STORAGE_OPTIONS", "[1]", "JSON object"),
+    ("INFRAOPS_WEB_URL", "infraops.example.com", "http://"),
+    ("INFRAOPS_WEB_RETRY_SECONDS", "soon", "soon"),
+    ("INFRAOPS_EXPERIMENT_LEASE_SECONDS", "1", "between 5 and 3600"),
 ])
 def test_a_malformed_value_stops_manage_py_with_one_sentence_naming_the_variable(
     name: str, value: str, says: str
