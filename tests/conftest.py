@@ -208,13 +208,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     in that thread (the websocket tests, live notifications) would then refuse to run. Runs
     after pytest-django's own ordering, keeping it within each part."""
     browser = [item for item in items if item.get_closest_marker("browser")]
-    for item in browser:
-        # Under pytest-xdist (--dist loadgroup) they run in two groups, each in one worker
-        # after everything else was handed out: the same rule, per worker process. Two groups
-        # of about equal length (the faults tests, about three minutes; the rest), so the
-        # suite's tail is not one worker running every browser test while the other idles.
-        faults = item.path.name == "test_faults.py"
-        item.add_marker(pytest.mark.xdist_group("browser-faults" if faults else "browser"))
+    # Under pytest-xdist (--dist loadgroup) the same rule holds per worker process: the queue
+    # is handed out in this order (groups of several tests first, the largest first), so a
+    # worker that has taken a browser test is given only browser tests after it, and both
+    # workers share them. (A group marker added here would come too late: xdist names groups
+    # in its own hook, which runs before this one.)
     if browser:
         items[:] = [item for item in items if not item.get_closest_marker("browser")] + browser
 
