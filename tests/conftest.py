@@ -214,7 +214,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # workers share them. (A group marker added here would come too late: xdist names groups
     # in its own hook, which runs before this one.)
     if browser:
+        # The longest first (the faults tests, 20-60 s each): handed out last, they would
+        # leave one worker running them while the other has nothing left to take.
+        browser.sort(key=lambda item: item.path.name not in LONGEST_BROWSER_MODULES)
         items[:] = [item for item in items if not item.get_closest_marker("browser")] + browser
+
+
+LONGEST_BROWSER_MODULES = ("test_faults.py", "test_showcase.py", "test_thin_loop.py")
 
 
 @pytest.fixture
