@@ -213,14 +213,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # worker that has taken a browser test is given only browser tests after it, and both
     # workers share them. (A group marker added here would come too late: xdist names groups
     # in its own hook, which runs before this one.)
-    if browser:
-        # The longest first (the faults tests, 20-60 s each): handed out last, they would
-        # leave one worker running them while the other has nothing left to take.
-        browser.sort(key=lambda item: item.path.name not in LONGEST_BROWSER_MODULES)
-        items[:] = [item for item in items if not item.get_closest_marker("browser")] + browser
+    # Within each of pytest-django's parts, the slow tests (tests/slow_tests.txt) first: the
+    # longest-first rule of scheduling, so that two workers end together instead of one of them
+    # taking a minute-long test when nothing else is left.
+    rest = [item for item in items if not item.get_closest_marker("browser")]
+    rest.sort(key=lambda item: (_django_part(item), not item.get_closest_marker("slow")))
+    # The longest browser tests first (the faults tests, 20-60 s each), for the same reason.
+    browser.sort(key=lambda item: item.path.name not in LONGEST_BROWSER_MODULES)
+    items[:] = rest + browser
 
 
 LONGEST_BROWSER_MODULES = ("test_faults.py", "test_showcase.py", "test_thin_loop.py")
+
+
+def _django_part(item: pytest.Item) -> int:
+    """pytest-django's order of a test (pytest_django.plugin.pytest_collection_modifyitems):
+    0 database, 1 transactional database, 2 none. Kept, as Django keeps it: a transactional
+    test empties the tables that plain database tests may read."""
+    from django.test import TestCase, TransactionTestCase
+    from pytest_django.plugin import validate_django_db
+
+    test_class = getattr(item, "cls", None)
+    if test_class and issubclass(test_class, TransactionTestCase):
+        return 0 if issubclass(test_class, TestCase) else 1
+    marker = item.get_closest_marker("django_db")
+    transactional = False
+    if marker:
+        transaction, reset_sequences, *_ = validate_django_db(marker)
+        transactional = bool(transaction or reset_sequences)
+    fixtures = getattr(item, "fixturenames", ())
+    if transactional or "transactional_db" in fixtures or "live_server" in fixtures:
+        return 1
+    return 0 if marker or "db" in fixtures else 2
 
 
 @pytest.fixture
