@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infraops.feedback.criteria import CRITERION_KEYS, criterion_name
+from infraops.manifest import PERFORMANCE_KINDS
 
 RISK_LAYERS = ("numerics", "concurrency", "production")
 UNCLASSIFIED = "unclassified"
@@ -59,6 +60,12 @@ class PerformanceResult:
     verdict: str  # improved | regressed | no change | inconclusive | not compared
     title: str
     detail: str
+    # What the metric measures (infraops.manifest.KINDS): only time and throughput are speed.
+    kind: str = "time"
+
+    @property
+    def speed(self) -> bool:
+        return self.kind in PERFORMANCE_KINDS
 
 
 @dataclass(frozen=True)
@@ -270,7 +277,10 @@ def _end_to_end(facts: ChangeFacts) -> Check:
         return Check("end-to-end", title, False,
                      f"the manifest cannot be read ({facts.manifest_problem}), so the probe "
                      "that confirms a gain is unknown")
-    gains = [r for r in evidence.performance if r.verdict == "improved"]
+    # An error that fell (a precision fix) or a count that moved is no gain of speed: only
+    # time and throughput claim one, and only they confirm it.
+    speed = [r for r in evidence.performance if r.speed]
+    gains = [r for r in speed if r.verdict == "improved"]
     if not gains:
         return Check("end-to-end", title, True, "no performance gain is claimed")
     confirming = _confirming_probe(facts)
@@ -278,7 +288,7 @@ def _end_to_end(facts: ChangeFacts) -> Check:
         return Check("end-to-end", title, False,
                      f"{gains[0].title} improved, but no e2e or performance probe of the "
                      "manifest covers the changed paths, so nothing confirms it end to end")
-    on_it = [r for r in evidence.performance if r.probe == confirming.name]
+    on_it = [r for r in speed if r.probe == confirming.name]
     what = f"{confirming.name} ({confirming.layer}, cost {confirming.cost})"
     if confirming.name not in evidence.probes_run or not on_it:
         return Check("end-to-end", title, False,
@@ -294,7 +304,8 @@ def _end_to_end(facts: ChangeFacts) -> Check:
         return Check("end-to-end", title, False,
                      f"not confirmed end to end: {gains[0].title} improved ({gains[0].detail}) "
                      f"but {what} shows {on_it[0].verdict}: {on_it[0].detail}")
-    return Check("end-to-end", title, True, f"{what} improved: {improved[0].detail}")
+    return Check("end-to-end", title, True,
+                 f"{what} improved on {improved[0].metric}: {improved[0].detail}")
 
 
 def _base(facts: ChangeFacts) -> Check:

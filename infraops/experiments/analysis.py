@@ -223,14 +223,19 @@ def _next_probes(experiment: Experiment, manifest: Manifest,
 @dataclass(frozen=True)
 class _Margin:
     """The goal's smallest meaningful effect is the margin of the goal's own metric; every
-    other metric keeps the default, so a goal that only cares about 20% never hides a 15%
-    regression elsewhere."""
+    other metric keeps the margin its manifest entry states, else the default, so a goal that
+    only cares about 20% never hides a 15% regression elsewhere."""
 
     value: float
     metric: str  # "probe.metric"; blank: every metric
 
-    def of(self, probe: str, metric: str) -> float:
-        if not self.metric or self.metric == f"{probe}.{metric}":
+    def of(self, probe: str, metric: str, declared: float | None = None) -> float:
+        """`declared`: the margin the manifest states for this metric, if any."""
+        if self.metric == f"{probe}.{metric}":
+            return self.value
+        if declared is not None:
+            return declared
+        if not self.metric:
             return self.value
         return min(self.value, stats.DEFAULT_NO_CHANGE_MARGIN)
 
@@ -253,16 +258,18 @@ def _performance(probes: list[Probe], samples: dict[SampleKey, list[float]], *, 
             too_few[(probe_name, metric)] = min(len(base), len(cand))
             continue
         evidence = {"probe": probe_name, "variant": variant, "metric": metric, "case": case}
+        measured = probe.metric(metric)
         try:
-            result = stats.compare(base, cand, direction=probe.direction(metric), seed=seed,
-                                   margin=margin.of(probe_name, metric))
+            result = stats.compare(base, cand, direction=measured.direction, seed=seed,
+                                   margin=margin.of(probe_name, metric, measured.margin))
         except ValueError as exc:
             found.append(Finding("performance", "not-comparable", feedback.WARN,
                                  f"{feedback.where(probe_name, variant, case)} {metric}",
                                  f"not compared: {exc}", feedback.METRIC, evidence))
             continue
         found += feedback.performance_findings(probe_name, variant, metric, case, "", result,
-                                               evidence, plausible=probe.plausible_speedup)
+                                               evidence, plausible=probe.plausible_speedup,
+                                               kind=measured.kind)
     for (probe_name, metric), n in sorted(too_few.items()):
         probe = by_probe[probe_name]
         found.append(Finding(

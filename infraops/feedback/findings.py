@@ -189,11 +189,28 @@ def where(probe: str, variant: str = "", case: str = "") -> str:
     return " ".join(parts)
 
 
+# How a verdict reads per metric kind (infraops.manifest.KINDS): severity and the word of the
+# title. Only time and throughput are speed: their regressions fail and only their
+# improvements can be implausible. An error that falls is a fix and one that rises is a
+# warning (a criterion bounds it); counts (registers, spills) and ratios are facts of the
+# run, which moved, neither good nor bad in themselves.
+_KIND_VERDICTS: dict[str, dict[str, tuple[str, str]]] = {
+    "time": {"improved": (PASS, "improved"), "regressed": (FAIL, "regressed")},
+    "throughput": {"improved": (PASS, "improved"), "regressed": (FAIL, "regressed")},
+    "memory": {"improved": (PASS, "improved"), "regressed": (WARN, "regressed")},
+    "error": {"improved": (PASS, "fell"), "regressed": (WARN, "grew")},
+    "count": {"improved": (INFO, "changed"), "regressed": (INFO, "changed")},
+    "ratio": {"improved": (INFO, "changed"), "regressed": (INFO, "changed")},
+}
+SPEED_KINDS = ("time", "throughput")
+
+
 def performance_findings(probe: str, variant: str, metric: str, case: str, unit: str,
                          comparison: Comparison, evidence: dict[str, Any], *,
-                         plausible: float = 5.0) -> list[Finding]:
-    """One finding per compared metric, explaining its verdict; a speed-up beyond `plausible`
-    (a factor) adds a failing integrity one."""
+                         plausible: float = 5.0, kind: str = "time") -> list[Finding]:
+    """One finding per compared metric, explaining its verdict as its `kind` reads it (see
+    _KIND_VERDICTS; the kind is in the evidence); a speed-up beyond `plausible` (a factor) of
+    a time or throughput adds a failing integrity one."""
     c = comparison
     numbers = (f"median {c.baseline_median:.4g} -> {c.candidate_median:.4g} {unit}".strip()
                + f", ratio {c.ratio:.3f} (95% CI {c.ci_low:.3f}-{c.ci_high:.3f}), "
@@ -207,14 +224,20 @@ def performance_findings(probe: str, variant: str, metric: str, case: str, unit:
         detail = f"no change: {c.reason}. {numbers}"
     else:
         detail = f"{c.verdict}: {c.reason}. {numbers}"
-    severity = {"regressed": FAIL, "improved": PASS, "no change": INFO}.get(c.verdict, WARN)
-    title = f"{where(probe, variant, case)} {metric} {c.verdict}"
+    judged = _KIND_VERDICTS.get(kind, _KIND_VERDICTS["time"])
+    severity, word = judged.get(c.verdict, (INFO if c.verdict == "no change" else WARN,
+                                            c.verdict))
+    title = f"{where(probe, variant, case)} {metric} {word}"
+    if kind not in SPEED_KINDS and c.verdict in judged:
+        detail = f"{detail} (a{'n' * (kind[0] in 'aeiou')} {kind}, not a speed)"
     found = [Finding("performance", "perf-comparison", severity, title, detail,
-                     CASE if case else METRIC, evidence | {"comparison": c.as_dict()})]
-    # Only an improvement can be implausible; a metric that fell to zero (a count) has no
-    # factor to judge.
+                     CASE if case else METRIC,
+                     evidence | {"comparison": c.as_dict(), "kind": kind})]
+    # Only an improvement of speed can be implausible; a metric that fell to zero (a count)
+    # has no factor to judge.
     speedup = 1 / c.ratio if c.direction == "minimize" and c.ratio > 0 else c.ratio
-    if c.verdict == "improved" and c.ratio > 0 and math.isfinite(speedup) and speedup > plausible:
+    if (kind in SPEED_KINDS and c.verdict == "improved" and c.ratio > 0
+            and math.isfinite(speedup) and speedup > plausible):
         found.append(Finding(
             "integrity", "too-good-to-be-true", FAIL,
             f"{where(probe, variant, case)} {metric} {speedup:.3g}x better: implausible",

@@ -42,9 +42,11 @@ def _verdict(finding: dict[str, Any]) -> gate.CriterionVerdict:
 def _performance(finding: dict[str, Any]) -> gate.PerformanceResult:
     evidence = finding.get("evidence") or {}
     verdict = (evidence.get("comparison") or {}).get("verdict", "not compared")
+    # Findings stored before metrics had kinds judged every metric as a time.
     return gate.PerformanceResult(probe=evidence.get("probe", ""),
                                   metric=evidence.get("metric", ""), verdict=verdict,
-                                  title=finding["title"], detail=finding["detail"])
+                                  title=finding["title"], detail=finding["detail"],
+                                  kind=str(evidence.get("kind") or "time"))
 
 
 def change_facts(change: Change, *, head: str | None = None, base: str | None = None,

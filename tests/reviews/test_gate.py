@@ -153,3 +153,28 @@ def test_only_a_moved_base_means_re_verify_then_merge() -> None:
 
 def test_an_empty_gate_never_passes() -> None:
     assert not gate.gate_passed([])
+
+
+ERROR_FELL = gate.PerformanceResult("cp-error", "max_rel_error", "improved",
+                                    "cp-error max_rel_error fell", "ratio 0.0000057",
+                                    kind="error")
+
+
+def test_an_error_that_fell_is_no_gain_to_confirm_end_to_end() -> None:
+    checks = gate.merge_gate(facts(evidence=evidence(performance=(ERROR_FELL,))))
+
+    end_to_end = next(c for c in checks if c.name == "end-to-end")
+    assert end_to_end.passed and end_to_end.detail == "no performance gain is claimed"
+
+
+def test_only_a_time_or_throughput_confirms_a_gain_end_to_end() -> None:
+    fell_there = dataclasses.replace(ERROR_FELL, probe="e2e-serve")
+    checks = gate.merge_gate(facts(evidence=evidence(performance=(MICRO, fell_there))))
+
+    assert "did not report" in failing(checks)["end-to-end"]
+
+
+def test_a_confirmed_gain_names_the_metric_that_confirms_it() -> None:
+    end_to_end = next(c for c in gate.merge_gate(facts()) if c.name == "end-to-end")
+
+    assert end_to_end.detail.startswith("e2e-serve (e2e, cost 100) improved on latency_ms: ")

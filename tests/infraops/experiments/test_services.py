@@ -649,3 +649,16 @@ def margin_of_clamped() -> list[float]:
 
     return [margin_of({"min_effect": 1.5}), margin_of({"min_effect": 0}),
             margin_of({"min_effect": 0.5})]
+
+
+@pytest.mark.parametrize(("metric", "probe", "declared", "margin"), [
+    ("decode.decode_us", "decode", 0.05, 0.2),   # the goal's own metric keeps the goal's
+    ("decode.decode_us", "prefill", 0.05, 0.05),  # any other: what its manifest entry says
+    ("", "prefill", 0.05, 0.05),
+    ("", "prefill", None, 0.2),
+])
+def test_a_metrics_own_margin_is_used_unless_it_is_the_goals_metric(
+        metric: str, probe: str, declared: float | None, margin: float) -> None:
+    from infraops.experiments.analysis import _Margin
+
+    assert _Margin(0.2, metric).of(probe, "decode_us", declared) == margin

@@ -141,6 +141,28 @@ def test_a_speed_up_beyond_the_bound_fails_as_implausible(ratio: float, directio
     assert all(f.severity == feedback.FAIL and f.layer == "integrity" for f in flagged)
 
 
+@pytest.mark.parametrize(("kind", "ratio", "severity", "word", "implausible"), [
+    ("time", 1e-5, feedback.PASS, "improved", True),
+    ("error", 1e-5, feedback.PASS, "fell", False),  # a precision fix, never a cheat
+    ("error", 3.0, feedback.WARN, "grew", False),
+    ("memory", 1.5, feedback.WARN, "regressed", False),
+    ("count", 2.4, feedback.INFO, "changed", False),  # more registers: a fact, not slower
+    ("count", 1e-5, feedback.INFO, "changed", False),
+    ("ratio", 0.5, feedback.INFO, "changed", False),
+    ("time", 3.0, feedback.FAIL, "regressed", False),
+], ids=lambda value: str(value))
+def test_a_verdict_reads_as_the_kind_of_its_metric(kind: str, ratio: float, severity: str,
+                                                    word: str, implausible: bool) -> None:
+    from infraops.feedback.stats import compare
+
+    result = compare([10.0, 10.1, 9.9, 10.0, 10.05], [10.0 * ratio] * 5)
+    found = feedback.performance_findings("bench", "", "m", "", "", result, {}, kind=kind)
+    assert (found[0].severity, found[0].title) == (severity, f"bench m {word}")
+    assert found[0].evidence["kind"] == kind
+    assert any(f.kind == "too-good-to-be-true" for f in found) is implausible
+    assert ("not a speed" in found[0].detail) is (kind not in ("time", "throughput"))
+
+
 def test_what_ran_is_worded_apart_from_the_verdict() -> None:
     built = feedback.build([finding("fail", feedback.CASE, "a"), finding("fail", feedback.CASE)],
                            execution={"text": "all probes ran: 12 executions, exit 0"})
