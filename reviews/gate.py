@@ -18,6 +18,8 @@ from infraops.manifest import PERFORMANCE_KINDS
 RISK_LAYERS = ("numerics", "concurrency", "production")
 UNCLASSIFIED = "unclassified"
 CONFIRMING_LAYERS = ("e2e", "performance")
+# The verdict of an improvement of a candidate that fails an integrity check.
+NOT_CREDITED = "not credited"
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class PerformanceResult:
 
     probe: str
     metric: str
-    verdict: str  # improved | regressed | no change | inconclusive | not compared
+    verdict: str  # improved | regressed | no change | inconclusive | not compared | not credited
     title: str
     detail: str
     # What the metric measures (infraops.manifest.KINDS): only time and throughput are speed.
@@ -280,6 +282,11 @@ def _end_to_end(facts: ChangeFacts) -> Check:
     # An error that fell (a precision fix) or a count that moved is no gain of speed: only
     # time and throughput claim one, and only they confirm it.
     speed = [r for r in evidence.performance if r.speed]
+    cheated = [r for r in speed if r.verdict == NOT_CREDITED]
+    if cheated:
+        return Check("end-to-end", title, False,
+                     f"no gain is credited: {cheated[0].title} comes with an integrity "
+                     "failure, so its speed-up is not the change's")
     gains = [r for r in speed if r.verdict == "improved"]
     if not gains:
         return Check("end-to-end", title, True, "no performance gain is claimed")

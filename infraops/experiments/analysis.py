@@ -119,7 +119,8 @@ def experiment_feedback(experiment: Experiment, manifest: Manifest,
         findings += _criteria(experiment, samples)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    built = feedback.build(findings, execution=_execution_status(experiment, executions),
+    built = feedback.build(feedback.uncredited(findings),
+                           execution=_execution_status(experiment, executions),
                            next_probes=_next_probes(experiment, manifest, executions))
     result = built.as_dict()
     result.update(context.extras)

@@ -11,7 +11,7 @@ derived from the findings; a human reads the page.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -178,6 +178,32 @@ def next_steps(findings: Sequence[Finding], next_probes: Sequence[tuple[str, int
                 "meets the bound")
     probes = [f"run probe {name} next (cost {cost}): {why}" for name, cost, why in next_probes[:1]]
     return steps[:limit - len(probes)] + probes
+
+
+def about_baseline(evidence: Mapping[str, Any]) -> bool:
+    """Whether a finding (its evidence) is about the baseline side, context for the
+    candidate."""
+    return evidence.get("side") == "baseline" or str(evidence.get("compared", "")).endswith(
+        "(baseline)")
+
+
+def uncredited(findings: Sequence[Finding]) -> list[Finding]:
+    """A candidate that fails an integrity check is credited no improvement: each improved
+    comparison becomes a warning saying why, its evidence marked ``credited: False`` (the
+    merge gate and the goal's progress read it). A cheat's speed-up is the cheat's effect."""
+    cheats = [f for f in findings
+              if f.layer == "integrity" and f.severity == FAIL and not about_baseline(f.evidence)]
+    if not cheats:
+        return list(findings)
+    why = (f"not credited: the candidate fails {len(cheats)} integrity "
+           f"check{'s' * (len(cheats) != 1)} (first: {cheats[0].title})")
+    result = []
+    for f in findings:
+        if f.kind == "perf-comparison" and f.severity == PASS:
+            f = Finding(f.layer, f.kind, WARN, f"{f.title.rsplit(' ', 1)[0]} not credited",
+                        f"{why}. {f.detail}", f.specificity, f.evidence | {"credited": False})
+        result.append(f)
+    return result
 
 
 def where(probe: str, variant: str = "", case: str = "") -> str:

@@ -178,3 +178,13 @@ def test_a_confirmed_gain_names_the_metric_that_confirms_it() -> None:
     end_to_end = next(c for c in gate.merge_gate(facts()) if c.name == "end-to-end")
 
     assert end_to_end.detail.startswith("e2e-serve (e2e, cost 100) improved on latency_ms: ")
+
+
+def test_a_gain_that_is_not_credited_is_not_confirmed_end_to_end() -> None:
+    cheat = dataclasses.replace(E2E, verdict=gate.NOT_CREDITED,
+                                title="e2e-serve latency_ms not credited")
+    checks = gate.merge_gate(facts(evidence=evidence(performance=(MICRO, cheat))))
+
+    assert failing(checks)["end-to-end"] == (
+        "no gain is credited: e2e-serve latency_ms not credited comes with an integrity "
+        "failure, so its speed-up is not the change's")

@@ -163,6 +163,26 @@ def test_a_verdict_reads_as_the_kind_of_its_metric(kind: str, ratio: float, seve
     assert ("not a speed" in found[0].detail) is (kind not in ("time", "throughput"))
 
 
+def test_a_candidate_failing_an_integrity_check_is_credited_no_improvement() -> None:
+    from infraops.feedback.stats import compare
+
+    faster = feedback.performance_findings(
+        "bench", "", "ms", "", "", compare([10.0, 10.1, 9.9, 10.0, 10.05], [4.0] * 5),
+        {"probe": "bench"})
+    cheat = Finding("integrity", "left-behind", feedback.FAIL, "left 2 files", "d",
+                    feedback.PROBE, {"side": "candidate"})
+    on_the_baseline = Finding("integrity", "degenerate-output", feedback.FAIL, "zeros", "d",
+                              feedback.CASE, {"compared": "candidate vs baseline (baseline)"})
+
+    assert feedback.uncredited([*faster, on_the_baseline]) == [*faster, on_the_baseline]
+    [judged, _] = feedback.uncredited([*faster, cheat])
+    assert (judged.severity, judged.title) == (feedback.WARN, "bench ms not credited")
+    assert judged.detail.startswith("not credited: the candidate fails 1 integrity check "
+                                    "(first: left 2 files). improved: ")
+    assert judged.evidence["credited"] is False
+    assert judged.evidence["comparison"]["verdict"] == "improved"
+
+
 def test_what_ran_is_worded_apart_from_the_verdict() -> None:
     built = feedback.build([finding("fail", feedback.CASE, "a"), finding("fail", feedback.CASE)],
                            execution={"text": "all probes ran: 12 executions, exit 0"})
