@@ -109,6 +109,13 @@ METRIC_KEYS = ("name", "kind", "direction", "unit", "margin")
 MAX_UNIT = 40
 
 TOP_LEVEL_KEYS = ("probe", "knob", "risk")
+# Criteria belong to a goal, versioned with it (GoalVersion), not to the code under test.
+CRITERIA_KEYS = ("criterion", "criteria", "acceptance")
+GOAL_EDITOR_PATH = "/admin/infraops/goal/"
+CRITERIA_ELSEWHERE = (
+    "acceptance criteria do not live in infraops.toml: they belong to a goal and are versioned "
+    f"with it; add them in the goal editor ({GOAL_EDITOR_PATH}, a goal's \"Acceptance "
+    "criteria\"), naming a probe and metric declared here")
 PROBE_KEYS = (
     "name", "layer", "command", "metrics", "cost", "timeout", "covers", "variants", "compare",
     "repeat", "requires", "measure", "always", "files", "higher_is_better", "warmup",
@@ -605,7 +612,9 @@ def parse_manifest(text: str) -> Manifest:
         problems=problems,
     )
     for key in data:
-        if key not in TOP_LEVEL_KEYS:
+        if key in CRITERIA_KEYS:
+            root.report(key, CRITERIA_ELSEWHERE)
+        elif key not in TOP_LEVEL_KEYS:
             root.report(key, _unknown_key("top-level key", key, TOP_LEVEL_KEYS))
     probes = _parse_probes(data.get("probe"), root, locator)
     knobs = _parse_knobs(data.get("knob"), root, locator)

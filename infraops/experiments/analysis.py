@@ -14,6 +14,7 @@ folder: the comparison code only ever opens regular files it was given.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -109,6 +110,7 @@ def experiment_feedback(experiment: Experiment, manifest: Manifest,
     try:
         findings += _executions(executions)
         findings += _left_behind(left_behind or {})
+        findings += _metric_names(probes, rows, executions)
         findings += _performance(probes, samples, seed=experiment.pk,
                                  margin=_Margin(experiment.margin, experiment.margin_metric))
         units = {(r.probe, r.variant, r.metric, r.case): r.unit for r in rows if r.unit}
@@ -196,6 +198,45 @@ def _left_behind(left: dict[str, list[str]]) -> list[Finding]:
         "later executions can replay them (a cache of results) instead of doing the work. "
         "Write scratch files under $INFRAOPS_OUT or /tmp", feedback.PROBE,
         {"side": "candidate", "files": extra[:50]})]
+
+
+def _metric_names(probes: Sequence[Probe], rows: Sequence[SampleRow],
+                  executions: Sequence[ProbeExecution]) -> list[Finding]:
+    """Per probe that ran, the metrics it declares against those it wrote: a declared one
+    never written (a goal on it is never measured) or a written one not declared, named with
+    the closest name of the other list (`wrk_ms` declared, `work_ms` written). A probe that
+    declares none (a correctness probe) claims nothing."""
+    written: dict[str, set[str]] = defaultdict(set)
+    for row in rows:
+        written[row.probe].add(row.metric)
+    ran = {e.probe for e in executions if e.reason == "ok" and not e.is_warmup}
+    found = []
+    for probe in probes:
+        declared = set(probe.metrics)
+        if probe.name not in ran or not declared:
+            continue
+        missing = sorted(declared - written[probe.name])
+        unknown = sorted(written[probe.name] - declared)
+        if not missing and not unknown:
+            continue
+        parts = [f"declared {name} is never written{_closest(name, unknown, 'written')}"
+                 for name in missing]
+        parts += [f"written {name} is not declared{_closest(name, missing, 'declared')}"
+                  for name in unknown]
+        found.append(Finding(
+            "execution", "metric-names", feedback.WARN,
+            f"{probe.name} writes other metrics than it declares",
+            "; ".join(parts[:10]) + (f" and {len(parts) - 10} more" if len(parts) > 10 else "")
+            + ": a goal or criterion on a declared metric that is never written is never "
+            "measured; make the names in infraops.toml and the probe agree",
+            feedback.PROBE,
+            {"probe": probe.name, "missing": missing[:50], "undeclared": unknown[:50]}))
+    return found
+
+
+def _closest(name: str, options: Sequence[str], which: str) -> str:
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    return f" (closest {which}: {close[0]})" if close else ""
 
 
 def stderr_tail(text: str, *, lines: int = STDERR_TAIL_LINES, chars: int = STDERR_TAIL_CHARS

@@ -676,3 +676,14 @@ def test_a_bad_metric_table_is_named_with_its_line(table: str, field: str, messa
     [problem] = raised.value.problems
     assert (problem.field, problem.line) == (field, 5)
     assert message in problem.message
+
+
+@pytest.mark.parametrize("table", ["[[criterion]]", "[criteria]", "[[acceptance]]"])
+def test_criteria_in_the_manifest_are_sent_to_the_goal_editor(table: str) -> None:
+    with pytest.raises(ManifestError) as raised:
+        parse_manifest(PROBE + f'{table}\nmetric = "passed"\n')
+
+    [problem] = raised.value.problems
+    assert (problem.table, problem.line) == ("(top level)", 6)
+    assert problem.message.startswith("acceptance criteria do not live in infraops.toml")
+    assert "the goal editor (/admin/infraops/goal/" in problem.message
