@@ -544,12 +544,31 @@ def _pair_findings(context: _Context, probe: Probe, pair: _Pair,
         # that only the cases the baseline got wrong exceed is what a fix looks like.
         within = all(c.ok for c in comparisons)
         explained = not within and all(c.ok for c in comparisons if c.case not in excused)
+        share = _share_of_tolerance(series, pair)
+        negligible = within and share is not None and share < WATCH_SHARE
+        note = (f"at most {share:.2g} of the tolerance: round-off far inside it"
+                if negligible and share is not None else "")
         finding = feedback.series_finding(
-            probe.name, pair.label, series, evidence,
-            severity=feedback.INFO if explained else feedback.WARN if within else severity)
+            probe.name, pair.label, series, evidence, note=note,
+            severity=feedback.INFO if explained or negligible
+            else feedback.WARN if within else severity)
         if finding is not None:
             found.append(finding)
     return found
+
+
+# A growing error within tolerance is worth watching from this share of the tolerance on;
+# under it (round-off from 5e-14 to 2e-12 under a 1e-9 tolerance) it is a note.
+WATCH_SHARE = 0.1
+
+
+def _share_of_tolerance(series: correctness.ErrorSeries, pair: _Pair) -> float | None:
+    """The series' largest error as a share of the smallest bound it could be held to: atol
+    for absolute errors, rtol for relative ones (each a lower bound of atol + rtol * |ref|
+    per element). None when that bound is 0."""
+    bound = pair.rtol if series.metric == "max_rel_error" else pair.atol
+    worst = max((error for _, error in series.points), default=0.0)
+    return worst / bound if bound > 0 else None
 
 
 def _degenerate(context: _Context, probe: Probe, pair: _Pair,

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infraops.feedback.correctness import CaseComparison, ErrorSeries
+from infraops.feedback.numbers import significant
 from infraops.feedback.stats import INCONCLUSIVE, Comparison
 from infraops.feedback.traces import Overlap, SpanChange
 
@@ -136,6 +137,7 @@ def next_steps(findings: Sequence[Finding], next_probes: Sequence[tuple[str, int
     Deduplicated; at most `limit`."""
     steps: list[str] = []
     pairs: set[tuple[str, str]] = set()
+    worst = _worst_cases(findings)
 
     def add(step: str) -> None:
         if step not in steps:
@@ -154,12 +156,14 @@ def next_steps(findings: Sequence[Finding], next_probes: Sequence[tuple[str, int
             if pair in pairs:
                 continue
             pairs.add(pair)
+            e = worst.get(pair, f).evidence
             comparison = e.get("comparison") or {}
             index = comparison.get("first_mismatch")
             at = f" at index {list(index)}" if index else ""
             seed = e.get("seed") or (e.get("seeds") or [None])[0]
             again = f" (INFRAOPS_SEED={seed} reproduces it)" if seed is not None else ""
-            add(f"read case {e['case']} of {pair[0]} {pair[1]} first{at}{again}")
+            of = " ".join(part for part in pair if part)
+            add(f"read case {e['case']} of {of} first{at}{again}")
             variants = [v for v in e.get("variants", []) if v]
             if len(set(variants)) == 2:
                 add(f"compare variants [{variants[1]}] and [{variants[0]}] of "
@@ -206,6 +210,28 @@ def uncredited(findings: Sequence[Finding]) -> list[Finding]:
     return result
 
 
+def _worst_cases(findings: Sequence[Finding]) -> dict[tuple[str, str], Finding]:
+    """Per compared pair (probe, what was compared), its failing or warned case with the
+    largest error (absolute, then relative): the case to read first."""
+    def error(f: Finding) -> tuple[float, float]:
+        c = f.evidence.get("comparison") or {}
+        return (_number(c.get("max_abs_error")), _number(c.get("max_rel_error")))
+
+    worst: dict[tuple[str, str], Finding] = {}
+    for f in findings:
+        if (f.severity not in (FAIL, WARN) or f.layer not in ("correctness", "integrity")
+                or not f.evidence.get("case")):
+            continue
+        pair = (str(f.evidence.get("probe")), str(f.evidence.get("compared", "")))
+        if pair not in worst or error(f) > error(worst[pair]):
+            worst[pair] = f
+    return worst
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not math.isnan(value) else 0.0
+
+
 def where(probe: str, variant: str = "", case: str = "") -> str:
     parts = [probe]
     if variant:
@@ -239,7 +265,8 @@ def performance_findings(probe: str, variant: str, metric: str, case: str, unit:
     a time or throughput adds a failing integrity one."""
     c = comparison
     numbers = (f"median {c.baseline_median:.4g} -> {c.candidate_median:.4g} {unit}".strip()
-               + f", ratio {c.ratio:.3f} (95% CI {c.ci_low:.3f}-{c.ci_high:.3f}), "
+               + f", ratio {significant(c.ratio)} (95% CI {significant(c.ci_low)}-"
+               f"{significant(c.ci_high)}), "
                f"p={c.p_value:.2g}, n={c.n_baseline}/{c.n_candidate} executions a side, "
                f"noise CV {max(c.cv_baseline, c.cv_candidate):.1%}, detectable effect "
                f"{c.mde:.1%}")
@@ -295,13 +322,15 @@ def correctness_findings(probe: str, label: str, comparisons: Sequence[CaseCompa
 
 
 def series_finding(probe: str, label: str, series: ErrorSeries, evidence: dict[str, Any], *,
-                   severity: str = FAIL) -> Finding | None:
-    """A growing error is reported at `severity`; a flat one is a note."""
+                   severity: str = FAIL, note: str = "") -> Finding | None:
+    """A growing error is reported at `severity`; a flat one is a note. `note`: a clause
+    added to the detail (how it stands against the tolerance)."""
     if len(series.points) < 2:
         return None
     severity = severity if series.growing else INFO
+    detail = f"{series.detail}; {note}" if note else series.detail
     return Finding("correctness", "error-vs-size", severity,
-                   f"{probe} {label} error versus size", series.detail, SERIES,
+                   f"{probe} {label} error versus size", detail, SERIES,
                    evidence | {"series": series.as_dict()})
 
 

@@ -727,3 +727,20 @@ def test_a_metric_declared_but_never_written_is_named_with_the_closest_written_o
     assert (found.evidence["missing"], found.evidence["undeclared"]) == (
         ["wrk_ms"], ["spills", "work_ms"])
     assert _metric_names(probes, rows[1:2], []) == []  # nothing ran: nothing to say
+
+
+@pytest.mark.parametrize(("metric", "worst", "share"), [
+    ("max_abs_error", 2e-12, 2e-3),  # round-off growing from 5e-14 under atol 1e-9
+    ("max_rel_error", 5e-7, 0.5),    # halfway to rtol 1e-6: worth watching
+])
+def test_a_growing_error_is_weighed_against_the_tolerance(metric: str, worst: float,
+                                                          share: float) -> None:
+    from infraops.experiments.analysis import WATCH_SHARE, _Pair, _share_of_tolerance
+    from infraops.feedback.correctness import ErrorSeries
+
+    series = ErrorSeries(points=((64.0, worst / 40), (1024.0, worst)), slope=1.3,
+                         growing=True, detail="grows", metric=metric)
+    pair = _Pair("rule", None, None, None, None, None, rtol=1e-6, atol=1e-9)
+
+    assert _share_of_tolerance(series, pair) == pytest.approx(share)
+    assert (share < WATCH_SHARE) is (metric == "max_abs_error")

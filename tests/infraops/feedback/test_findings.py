@@ -252,3 +252,16 @@ def test_a_crash_keeps_the_end_of_its_stderr_in_the_agent_text() -> None:
                     "ValueError: shapes (17,) and (16,) differ", feedback.PROBE, {})
     text = feedback.build([crash]).agent_text()
     assert "ValueError: shapes (17,) and (16,) differ" in text
+
+
+def test_the_next_step_points_at_the_worst_case_of_a_pair() -> None:
+    cases = [("n64", 1e-6, [0]), ("n4096", 0.5, None), ("n256", 2e-3, [3])]
+    found = [Finding("correctness", "output-mismatch", feedback.FAIL, f"bench case {case}", "d",
+                     feedback.ELEMENT if index else feedback.CASE,
+                     {"probe": "decode_bench", "compared": "", "case": case,
+                      "comparison": {"max_abs_error": error, "first_mismatch": index}})
+             for case, error, index in cases]
+
+    steps = feedback.build(found).next_steps
+
+    assert steps[0] == "read case n4096 of decode_bench first"
