@@ -113,7 +113,11 @@ def experiment_feedback(experiment: Experiment, manifest: Manifest,
         findings += _metric_names(probes, rows, executions)
         findings += _performance(probes, samples, seed=experiment.pk,
                                  margin=_Margin(experiment.margin, experiment.margin_metric))
-        units = {(r.probe, r.variant, r.metric, r.case): r.unit for r in rows if r.unit}
+        # A sample's own unit, else the one its metric's kind or name gives (decode_us: us).
+        declared = {p.name: p for p in probes}
+        units = {(r.probe, r.variant, r.metric, r.case): declared[r.probe].metric(r.metric).unit
+                 for r in rows if r.probe in declared}
+        units |= {(r.probe, r.variant, r.metric, r.case): r.unit for r in rows if r.unit}
         context.extras["distributions"] = _distributions(samples, units)
         for probe in probes:
             findings += _correctness(context, probe)
@@ -327,12 +331,13 @@ def _distributions(samples: dict[SampleKey, list[float]],
                    units: dict[tuple[str, str, str, str], str] | None = None, limit: int = 8
                    ) -> list[dict[str, Any]]:
     """Per compared key, both sides' per-execution values and their unit (for the A/B
-    chart)."""
-    keys = sorted({key[:4] for key in samples})[:limit]
+    chart); cases in numeric order (len-64 before len-256)."""
+    keys = sorted({key[:4] for key in samples},
+                  key=lambda key: tuple(_natural(part) for part in key))[:limit]
     units = units or {}
     return [{"label": " ".join(filter(None, (probe, f"[{variant}]" if variant else "", metric,
                                               case))),
-             "unit": units.get((probe, variant, metric, case), ""),
+             "metric": metric, "unit": units.get((probe, variant, metric, case), ""),
              "baseline": samples.get((probe, variant, metric, case, "baseline"), []),
              "candidate": samples.get((probe, variant, metric, case, "candidate"), [])}
             for probe, variant, metric, case in keys]

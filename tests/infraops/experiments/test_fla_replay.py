@@ -187,4 +187,9 @@ def test_tf32_sits_at_the_merge_bound_and_tf32x3_meets_it_two_thousand_times_ove
                      "slowest_retention": "ratio"}, kinds
     confirmed = end_to_end(experiment, ProbeFact("cp-merge", "performance", 5))
     assert (confirmed.passed, confirmed.detail) == (True, "no performance gain is claimed")
+    # The A/B chart: cases in numeric order, the time in its own panel (its unit), apart from
+    # the errors.
+    merge = [(d["label"], d["unit"]) for d in experiment.feedback["distributions"]
+             if d["metric"] == "merge_us"]
+    assert merge == [(f"cp-merge merge_us len-{n}", "us") for n in (16, 64, 256, 1024)]
 
