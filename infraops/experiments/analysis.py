@@ -43,7 +43,7 @@ from infraops.feedback.criteria import (
 )
 from infraops.feedback.findings import Finding
 from infraops.feedback.samples import SampleKey, SampleRow, per_execution
-from infraops.manifest import DEFAULT_ATOL, DEFAULT_RTOL, Manifest, Probe
+from infraops.manifest import DEFAULT_ATOL, DEFAULT_RTOL, Manifest, Metric, Probe
 from infraops.models import Artifact, Experiment, ProbeExecution, Sample, variant_key
 
 STDERR_TAIL_CHARS = 1500
@@ -291,6 +291,7 @@ def _performance(probes: list[Probe], samples: dict[SampleKey, list[float]], *, 
     by_probe = {p.name: p for p in probes}
     found: list[Finding] = []
     too_few: dict[tuple[str, str], int] = {}
+    distorted: dict[tuple[str, str], str] = {}
     keys = sorted({key[:4] for key in samples})
     for probe_name, variant, metric, case in keys:
         probe = by_probe.get(probe_name)
@@ -305,6 +306,9 @@ def _performance(probes: list[Probe], samples: dict[SampleKey, list[float]], *, 
             continue
         evidence = {"probe": probe_name, "variant": variant, "metric": metric, "case": case}
         measured = probe.metric(metric)
+        if _distorted(probe, measured):
+            distorted.setdefault((probe_name, metric), case)
+            continue
         try:
             result = stats.compare(base, cand, direction=measured.direction, seed=seed,
                                    margin=margin.of(probe_name, metric, measured.margin))
@@ -316,6 +320,13 @@ def _performance(probes: list[Probe], samples: dict[SampleKey, list[float]], *, 
         found += feedback.performance_findings(probe_name, variant, metric, case, "", result,
                                                evidence, plausible=probe.plausible_speedup,
                                                kind=measured.kind)
+    for probe_name, metric in sorted(distorted):
+        found.append(Finding(
+            "performance", "not-judged", feedback.INFO, f"{probe_name} {metric} not judged",
+            f"{metric} is a time measured while the probe ran under the instruction counter "
+            "(measure = \"instructions\"), which slows every run many times over and unevenly: "
+            "it is not judged in that mode; the probe's instructions are", feedback.PROBE,
+            {"probe": probe_name, "metric": metric}))
     for (probe_name, metric), n in sorted(too_few.items()):
         probe = by_probe[probe_name]
         found.append(Finding(
@@ -325,6 +336,13 @@ def _performance(probes: list[Probe], samples: dict[SampleKey, list[float]], *, 
             "p < 0.01; a performance probe repeats 5 times by default", feedback.PROBE,
             {"probe": probe_name, "metric": metric, "n": n}))
     return found
+
+
+def _distorted(probe: Probe, metric: Metric) -> bool:
+    """Whether the probe's instrument distorts the metric: a time (wall time, not the
+    instruction count itself) measured under callgrind."""
+    return (probe.measure == "instructions" and metric.kind == "time"
+            and metric.name != "instructions")
 
 
 def _distributions(samples: dict[SampleKey, list[float]],

@@ -744,3 +744,23 @@ def test_a_growing_error_is_weighed_against_the_tolerance(metric: str, worst: fl
 
     assert _share_of_tolerance(series, pair) == pytest.approx(share)
     assert (share < WATCH_SHARE) is (metric == "max_abs_error")
+
+
+def test_a_time_measured_under_the_instruction_counter_is_not_judged_and_says_so() -> None:
+    from infraops.experiments.analysis import _Margin, _performance
+    from infraops.manifest import parse_manifest
+
+    [probe] = parse_manifest('[[probe]]\nname = "count"\nlayer = "performance"\n'
+                             'command = "x"\nmetrics = ["wall_ms"]\nmeasure = "instructions"\n'
+                             ).probes
+    samples = {("count", "", "wall_ms", "", "baseline"): [900.0, 905, 910, 1500, 902],
+               ("count", "", "wall_ms", "", "candidate"): [880.0, 2100, 890, 884, 905],
+               ("count", "", "instructions", "", "baseline"): [1e9] * 5,
+               ("count", "", "instructions", "", "candidate"): [1e9] * 5}
+
+    found = _performance([probe], samples, seed=1, margin=_Margin(0.01, ""))
+
+    assert [(f.kind, f.title) for f in found] == [
+        ("perf-comparison", "count instructions no change"),
+        ("not-judged", "count wall_ms not judged")]
+    assert "under the instruction counter" in found[1].detail
