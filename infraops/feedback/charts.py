@@ -22,13 +22,21 @@ def error_vs_size(series: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One line per comparison: the error at each case size, log-log (the curve that shows
     an accumulating precision loss)."""
     figure = go.Figure()
+    positive = [p[1] for item in series for p in item.get("points") or [] if p[1] > 0]
+    # A log axis has no 0: an exact match is drawn a decade under the smallest error, as an
+    # open marker whose hover says 0, instead of at 1e-30 where it flattens every curve.
+    floor = min(positive) / 10 if positive else 1e-12
     for item in series:
         points = item.get("points") or []
         if not points:
             continue
         figure.add_trace(go.Scatter(
-            x=[p[0] for p in points], y=[max(p[1], 1e-30) for p in points],
-            mode="lines+markers", name=f"{item.get('label', '')} ({item.get('metric', '')})"))
+            x=[p[0] for p in points], y=[p[1] if p[1] > 0 else floor for p in points],
+            mode="lines+markers", name=f"{item.get('label', '')} ({item.get('metric', '')})",
+            marker={"symbol": ["circle" if p[1] > 0 else "circle-open" for p in points],
+                    "size": [7 if p[1] > 0 else 11 for p in points]},
+            hovertext=[f"{p[1]:.4g}" if p[1] > 0 else "0 (exact match)" for p in points],
+            hovertemplate="size %{x}: %{hovertext}<extra></extra>"))
     figure.update_layout(title="Error versus size",
                          xaxis={"type": "log", "title": "case size (elements)"},
                          yaxis={"type": "log", "title": "error against the reference (absolute "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from infraops.feedback.charts import (
     ab_distributions,
     error_vs_size,
@@ -106,3 +108,13 @@ def test_microseconds_and_instruction_counts_never_share_an_axis() -> None:
     by_axis = {trace["yaxis"]: trace["x"][0] for trace in figure["data"]}
     assert by_axis == {"y": "p decode_us", "y2": "p instructions", "y3": "p registers"}
     assert [t["showlegend"] for t in figure["data"]] == [True, True, False, False, False, False]
+
+
+def test_an_exact_match_on_the_error_curve_is_marked_not_sunk_to_1e_30() -> None:
+    figure = error_vs_size([{"label": "ieee", "metric": "max_rel_error",
+                             "points": [[64, 0.0], [1024, 3.9e-06], [4096, 8e-06]]}])
+
+    [line] = figure["data"]
+    assert line["y"] == [pytest.approx(3.9e-07), 3.9e-06, 8e-06]
+    assert line["hovertext"] == ["0 (exact match)", "3.9e-06", "8e-06"]
+    assert line["marker"]["symbol"] == ["circle-open", "circle", "circle"]
