@@ -18,6 +18,7 @@ The file format (see docs/feedback-contract.md; ``metrics``, ``files``, ``always
     layer = "performance"            # correctness | behaviour | performance | e2e
     command = "python bench/decode.py"
     metrics = ["tokens_per_s"]       # what it writes to metrics.jsonl (see below)
+    # or tables: metrics = ["merge_us", {name = "rel_error", kind = "error", margin = 0.05}]
     cost = 2                         # whole number, lower runs first (default 1)
     timeout = 900                    # seconds (default 600)
     covers = ["src/kernels/**"]      # repo-relative globs (default ["**"])
@@ -38,7 +39,9 @@ The file format (see docs/feedback-contract.md; ``metrics``, ``files``, ``always
 
     # metrics: required (a non-empty array) for the behaviour, performance and e2e layers;
     # optional for layer = "correctness", whose verdict comes from outputs/ (default: none;
-    # metrics = [] means none too). Checked once the layer itself is valid.
+    # metrics = [] means none too). Checked once the layer itself is valid. Each is a name or
+    # a table {name, kind, direction, unit, margin} (METRIC_KEYS); what a table leaves out
+    # follows from the name (metric_defaults: "rel_error" is an error, "decode_us" a time).
     # compare: one table, as above, or an array of them for several rules:
     #   compare = [{reference = {cp = "off"}, candidate = {cp = "on"}}, {...}]
     # Both forms parse to the same tuple of Compare. Problems name the field compare.<key>
@@ -94,7 +97,25 @@ DEFAULT_ATOL = 1e-8
 # knob_values refuses to list more than this: a tuner should use the range itself instead.
 # Knob arithmetic is exact decimal; 28 digits (the default) would round long ranges silently.
 
+# What a metric measures decides how a change of it is judged (infraops/feedback/findings.py):
+# only time and throughput are performance, so only they make gains, regressions of speed and
+# implausible speed-ups; an error falling 10^5-fold is a fix; counts (registers, spills) and
+# ratios are facts of the run.
+KINDS = ("time", "throughput", "error", "count", "memory", "ratio")
+PERFORMANCE_KINDS = ("time", "throughput")
+DIRECTIONS = ("minimize", "maximize")
+METRIC_KEYS = ("name", "kind", "direction", "unit", "margin")
+# Sample.unit's column.
+MAX_UNIT = 40
+
 TOP_LEVEL_KEYS = ("probe", "knob", "risk")
+# Criteria belong to a goal, versioned with it (GoalVersion), not to the code under test.
+CRITERIA_KEYS = ("criterion", "criteria", "acceptance")
+GOAL_EDITOR_PATH = "/admin/infraops/goal/"
+CRITERIA_ELSEWHERE = (
+    "acceptance criteria do not live in infraops.toml: they belong to a goal and are versioned "
+    f"with it; add them in the goal editor ({GOAL_EDITOR_PATH}, a goal's \"Acceptance "
+    "criteria\"), naming a probe and metric declared here")
 PROBE_KEYS = (
     "name", "layer", "command", "metrics", "cost", "timeout", "covers", "variants", "compare",
     "repeat", "requires", "measure", "always", "files", "higher_is_better", "warmup",
@@ -189,6 +210,64 @@ class Compare:
     atol: float = DEFAULT_ATOL
 
 
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """What one metric measures: its kind (KINDS), which way is better, its unit ("" when the
+    samples carry their own), and its "no change" margin (a share: 0.02 means any effect
+    within +-2% is no change; None keeps the goal's or the default +-1%)."""
+
+    name: str
+    kind: str
+    direction: str
+    unit: str = ""
+    margin: float | None = None
+
+    @property
+    def performance(self) -> bool:
+        """Whether a change of it is a change of speed: a gain, or a regression of speed."""
+        return self.kind in PERFORMANCE_KINDS
+
+
+# Name -> kind, first match wins (so "err_ratio" is an error and "tokens_per_s" a throughput
+# before its "_s" makes it a time). Words are separated by '_', '.' or '-'.
+_WORD = r"(?:^|[_.-])"
+_END = r"(?:$|[_.-])"
+_KIND_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (kind, re.compile(pattern)) for kind, pattern in (
+        ("error", rf"{_WORD}(?:err|errs|error|errors|mismatch(?:es)?|ulps?|drift){_END}"),
+        ("throughput", rf"per_s(?:ec)?{_END}|{_WORD}(?:throughput|bandwidth|qps|rps|tps|"
+                       rf"[gtm]?flops|[gmk]bps|gb_s|tokens_s|ops_s){_END}"),
+        ("memory", rf"{_WORD}(?:bytes|kb|mb|gb|kib|mib|gib|memory|mem|rss|vram|heap){_END}"),
+        ("time", rf"{_WORD}(?:ns|us|ms|s|sec|secs|seconds|latency|time|duration|wall|p50|p90|"
+                 rf"p95|p99|cycles|instructions){_END}"),
+        ("count", rf"{_WORD}(?:count|num|n|registers|regs|spills|programs|warps|calls|launches|"
+                  rf"passed|failed|retries|steps){_END}"),
+        ("ratio", rf"{_WORD}(?:ratio|retention|fraction|share|rate|percent|pct|speedup|"
+                  rf"occupancy|utilization|efficiency){_END}"),
+    ))
+_TIME_UNIT = re.compile(rf"{_WORD}(ns|us|ms|s){_END}")
+_MEMORY_UNIT = re.compile(rf"{_WORD}(bytes|kb|mb|gb|kib|mib|gib){_END}")
+# A name nothing matches is a time: what every metric meant before kinds (a cost to lower).
+DEFAULT_KIND = "time"
+
+
+def metric_defaults(name: str) -> Metric:
+    """The kind, direction and unit a metric named `name` has when the manifest does not say:
+    see docs/feedback-contract.md, "Metric kinds". Throughput is better higher, the rest
+    lower; the unit is a unit word of the name ("decode_us_b1": us), "/s" for a throughput."""
+    lowered = name.lower()
+    kind = next((kind for kind, pattern in _KIND_PATTERNS if pattern.search(lowered)),
+                DEFAULT_KIND)
+    unit = "/s" if kind == "throughput" else ""
+    if kind == "time":
+        found = _TIME_UNIT.search(lowered)
+        unit = found.group(1) if found else "instructions" if lowered == "instructions" else ""
+    elif kind == "memory":
+        found = _MEMORY_UNIT.search(lowered)
+        unit = {"bytes": "B"}.get(found.group(1), found.group(1).upper()) if found else ""
+    return Metric(name, kind, "maximize" if kind == "throughput" else "minimize", unit)
+
+
 MetaScalar = str | int | float | bool
 MetaValue = MetaScalar | tuple[str | int | float, ...]
 
@@ -220,10 +299,21 @@ class Probe:
     memory_mb: int | None = None
     disk_mb: int | None = None
     meta: dict[str, MetaValue] = dataclasses.field(default_factory=dict)
+    # The metrics written as tables, and those listed in higher_is_better: see metric().
+    declared: tuple[Metric, ...] = ()
+
+    def metric(self, name: str) -> Metric:
+        """What `name` measures: as the manifest declares it, else as its name says
+        (metric_defaults); higher_is_better makes it 'maximize'. A metric the probe writes
+        without listing it is judged by its name too."""
+        found = next((m for m in self.declared if m.name == name), None) or metric_defaults(name)
+        if name in self.higher_is_better and found.direction != "maximize":
+            found = dataclasses.replace(found, direction="maximize")
+        return found
 
     def direction(self, metric: str) -> str:
-        """'maximize' for the metrics listed in higher_is_better, else 'minimize'."""
-        return "maximize" if metric in self.higher_is_better else "minimize"
+        """'maximize' or 'minimize': see metric()."""
+        return self.metric(metric).direction
 
     def variant_matrix(self) -> list[dict[str, str]]:
         """Every combination of variant values, keys in manifest order; ``[{}]`` when the
@@ -522,7 +612,9 @@ def parse_manifest(text: str) -> Manifest:
         problems=problems,
     )
     for key in data:
-        if key not in TOP_LEVEL_KEYS:
+        if key in CRITERIA_KEYS:
+            root.report(key, CRITERIA_ELSEWHERE)
+        elif key not in TOP_LEVEL_KEYS:
             root.report(key, _unknown_key("top-level key", key, TOP_LEVEL_KEYS))
     probes = _parse_probes(data.get("probe"), root, locator)
     knobs = _parse_knobs(data.get("knob"), root, locator)
@@ -625,7 +717,7 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
     name = _name(raw, "name", report, limit=(MAX_PROBE_NAME, "probe names"))
     layer = _choice(raw, "layer", LAYERS, report, default=None)
     command = _text(raw, "command", report, required=True)
-    metrics = _metrics(raw, layer, report)
+    metrics, declared = _metrics(raw, layer, report)
     cost = _whole(raw, "cost", report, default=DEFAULT_COST, positive=False)
     timeout = _seconds(raw, "timeout", report)
     covers = _globs(raw, "covers", report, default=DEFAULT_COVERS)
@@ -677,7 +769,8 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
         name=name, layer=layer, command=command, metrics=metrics, repeat=repeat, cost=cost,
         timeout=timeout, covers=covers, variants=variants, compare=compare, requires=requires,
         measure=measure or "wall", always=always, files=files, higher_is_better=higher,
-        warmup=warmup, plausible_speedup=float(speedup), meta=meta, **limits,
+        warmup=warmup, plausible_speedup=float(speedup), meta=meta, declared=declared,
+        **limits,
     )
 
 
@@ -730,15 +823,33 @@ def _meta_value_problem(value: object) -> str | None:
     return f"must be a string, number, boolean or array, got {_show(value)}"
 
 
-def _metrics(raw: Mapping[str, Any], layer: str | None, report: _Table) -> tuple[str, ...]:
-    """The metric names; required (non-empty) unless the layer is correctness. An invalid or
-    missing layer is reported on its own, so whether metrics are required is left unjudged."""
-    metrics = _strings(raw, "metrics", report, what="metric name")
+def _metrics(raw: Mapping[str, Any], layer: str | None, report: _Table
+             ) -> tuple[tuple[str, ...], tuple[Metric, ...]]:
+    """The metric names, and the metrics written as tables; names required (non-empty) unless
+    the layer is correctness. An invalid or missing layer is reported on its own, so whether
+    metrics are required is left unjudged."""
+    value = raw.get("metrics")
+    declared: list[Metric] = []
+    if isinstance(value, list) and any(isinstance(item, dict) for item in value):
+        names: list[str] = []
+        tables = 0
+        for index, item in enumerate(value, start=1):
+            if isinstance(item, dict):
+                tables += 1
+                line = report.line_within("metrics", "name", tables)
+                table = _metric_table(item, f"metrics[{index}]", report, line)
+                if table is None:
+                    continue  # reported
+                declared.append(table)
+                item = table.name
+            names.append(item)
+        metrics = _strings({"metrics": names}, "metrics", report, what="metric name")
+    else:
+        metrics = _strings(raw, "metrics", report, what="metric name")
     for metric in metrics:
         _fits(metric, MAX_METRIC_NAME, "metric names", "metrics", report, what="metric name")
     if layer is None or layer == "correctness" or metrics:
-        return metrics
-    value = raw.get("metrics")
+        return metrics, tuple(declared)
     optional = "(only correctness probes may leave it out)"
     if value is None:
         report.report(
@@ -751,7 +862,54 @@ def _metrics(raw: Mapping[str, Any], layer: str | None, report: _Table) -> tuple
             "metrics", f"metrics must list at least one metric name for a {layer} probe "
                        f"{optional}",
         )
-    return metrics
+    return metrics, tuple(declared)
+
+
+def _metric_table(raw: Mapping[str, Any], field: str, report: _Table, line: int | None
+                  ) -> Metric | None:
+    """One metric written as a table, e.g. {name = "rel_error", kind = "error"}; what it
+    leaves out follows from its name (metric_defaults)."""
+    before = report.count()
+    for key in raw:
+        if key not in METRIC_KEYS:
+            report.report(f"{field}.{key}", _unknown_key("metric key", key, METRIC_KEYS),
+                          line=line)
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip():
+        report.report(f"{field}.name", "a metric table needs a name, e.g. {name = "
+                      "\"rel_error\", kind = \"error\"}"
+                      + (f"; got {_show(name)}" if name is not None else ""), line=line)
+        return None
+    defaults = metric_defaults(name)
+    kind = _metric_choice(raw, "kind", KINDS, defaults.kind, field, report, line)
+    # A table that names a kind and no direction takes the kind's direction.
+    default_direction = "maximize" if kind == "throughput" else "minimize"
+    direction = _metric_choice(raw, "direction", DIRECTIONS, default_direction, field, report,
+                               line)
+    unit = raw.get("unit", defaults.unit if kind == defaults.kind else "")
+    if not isinstance(unit, str) or len(unit) > MAX_UNIT:
+        report.report(f"{field}.unit", f"unit must be a text of at most {MAX_UNIT} characters "
+                      f"(it is stored with each sample), got {_clip(str(unit))}", line=line)
+    margin = raw.get("margin")
+    if margin is not None and not (_is_number(margin) and 0 < margin < 1):
+        report.report(f"{field}.margin", "margin is the share within which a change is \"no "
+                      f"change\": a number between 0 and 1 (0.02 means +-2%), got "
+                      f"{_show(margin)}", line=line)
+    if report.count() > before:
+        return None
+    return Metric(name, kind, direction, str(unit),
+                  float(margin) if margin is not None else None)
+
+
+def _metric_choice(raw: Mapping[str, Any], key: str, allowed: Sequence[str], default: str,
+                   field: str, report: _Table, line: int | None) -> str:
+    value = raw.get(key, default)
+    if not isinstance(value, str) or value not in allowed:
+        hint = _did_you_mean(value, allowed) if isinstance(value, str) else ""
+        report.report(f"{field}.{key}", f"{key} must be one of {', '.join(allowed)}; got "
+                      f"{_show(value)}{hint}", line=line)
+        return default
+    return value
 
 
 def _variants(raw: Mapping[str, Any], report: _Table) -> dict[str, tuple[str, ...]] | None:

@@ -13,10 +13,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infraops.feedback.criteria import CRITERION_KEYS, criterion_name
+from infraops.manifest import PERFORMANCE_KINDS
 
 RISK_LAYERS = ("numerics", "concurrency", "production")
 UNCLASSIFIED = "unclassified"
 CONFIRMING_LAYERS = ("e2e", "performance")
+# The verdict of an improvement of a candidate that fails an integrity check.
+NOT_CREDITED = "not credited"
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,15 @@ class PerformanceResult:
 
     probe: str
     metric: str
-    verdict: str  # improved | regressed | no change | inconclusive | not compared
+    verdict: str  # improved | regressed | no change | inconclusive | not compared | not credited
     title: str
     detail: str
+    # What the metric measures (infraops.manifest.KINDS): only time and throughput are speed.
+    kind: str = "time"
+
+    @property
+    def speed(self) -> bool:
+        return self.kind in PERFORMANCE_KINDS
 
 
 @dataclass(frozen=True)
@@ -270,7 +279,15 @@ def _end_to_end(facts: ChangeFacts) -> Check:
         return Check("end-to-end", title, False,
                      f"the manifest cannot be read ({facts.manifest_problem}), so the probe "
                      "that confirms a gain is unknown")
-    gains = [r for r in evidence.performance if r.verdict == "improved"]
+    # An error that fell (a precision fix) or a count that moved is no gain of speed: only
+    # time and throughput claim one, and only they confirm it.
+    speed = [r for r in evidence.performance if r.speed]
+    cheated = [r for r in speed if r.verdict == NOT_CREDITED]
+    if cheated:
+        return Check("end-to-end", title, False,
+                     f"no gain is credited: {cheated[0].title} comes with an integrity "
+                     "failure, so its speed-up is not the change's")
+    gains = [r for r in speed if r.verdict == "improved"]
     if not gains:
         return Check("end-to-end", title, True, "no performance gain is claimed")
     confirming = _confirming_probe(facts)
@@ -278,7 +295,7 @@ def _end_to_end(facts: ChangeFacts) -> Check:
         return Check("end-to-end", title, False,
                      f"{gains[0].title} improved, but no e2e or performance probe of the "
                      "manifest covers the changed paths, so nothing confirms it end to end")
-    on_it = [r for r in evidence.performance if r.probe == confirming.name]
+    on_it = [r for r in speed if r.probe == confirming.name]
     what = f"{confirming.name} ({confirming.layer}, cost {confirming.cost})"
     if confirming.name not in evidence.probes_run or not on_it:
         return Check("end-to-end", title, False,
@@ -294,7 +311,8 @@ def _end_to_end(facts: ChangeFacts) -> Check:
         return Check("end-to-end", title, False,
                      f"not confirmed end to end: {gains[0].title} improved ({gains[0].detail}) "
                      f"but {what} shows {on_it[0].verdict}: {on_it[0].detail}")
-    return Check("end-to-end", title, True, f"{what} improved: {improved[0].detail}")
+    return Check("end-to-end", title, True,
+                 f"{what} improved on {improved[0].metric}: {improved[0].detail}")
 
 
 def _base(facts: ChangeFacts) -> Check:

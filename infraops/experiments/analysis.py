@@ -14,6 +14,7 @@ folder: the comparison code only ever opens regular files it was given.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -42,7 +43,7 @@ from infraops.feedback.criteria import (
 )
 from infraops.feedback.findings import Finding
 from infraops.feedback.samples import SampleKey, SampleRow, per_execution
-from infraops.manifest import DEFAULT_ATOL, DEFAULT_RTOL, Manifest, Probe
+from infraops.manifest import DEFAULT_ATOL, DEFAULT_RTOL, Manifest, Metric, Probe
 from infraops.models import Artifact, Experiment, ProbeExecution, Sample, variant_key
 
 STDERR_TAIL_CHARS = 1500
@@ -109,9 +110,14 @@ def experiment_feedback(experiment: Experiment, manifest: Manifest,
     try:
         findings += _executions(executions)
         findings += _left_behind(left_behind or {})
+        findings += _metric_names(probes, rows, executions)
         findings += _performance(probes, samples, seed=experiment.pk,
                                  margin=_Margin(experiment.margin, experiment.margin_metric))
-        units = {(r.probe, r.variant, r.metric, r.case): r.unit for r in rows if r.unit}
+        # A sample's own unit, else the one its metric's kind or name gives (decode_us: us).
+        declared = {p.name: p for p in probes}
+        units = {(r.probe, r.variant, r.metric, r.case): declared[r.probe].metric(r.metric).unit
+                 for r in rows if r.probe in declared}
+        units |= {(r.probe, r.variant, r.metric, r.case): r.unit for r in rows if r.unit}
         context.extras["distributions"] = _distributions(samples, units)
         for probe in probes:
             findings += _correctness(context, probe)
@@ -119,7 +125,8 @@ def experiment_feedback(experiment: Experiment, manifest: Manifest,
         findings += _criteria(experiment, samples)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    built = feedback.build(findings, execution=_execution_status(experiment, executions),
+    built = feedback.build(feedback.uncredited(findings),
+                           execution=_execution_status(experiment, executions),
                            next_probes=_next_probes(experiment, manifest, executions))
     result = built.as_dict()
     result.update(context.extras)
@@ -197,6 +204,45 @@ def _left_behind(left: dict[str, list[str]]) -> list[Finding]:
         {"side": "candidate", "files": extra[:50]})]
 
 
+def _metric_names(probes: Sequence[Probe], rows: Sequence[SampleRow],
+                  executions: Sequence[ProbeExecution]) -> list[Finding]:
+    """Per probe that ran, the metrics it declares against those it wrote: a declared one
+    never written (a goal on it is never measured) or a written one not declared, named with
+    the closest name of the other list (`wrk_ms` declared, `work_ms` written). A probe that
+    declares none (a correctness probe) claims nothing."""
+    written: dict[str, set[str]] = defaultdict(set)
+    for row in rows:
+        written[row.probe].add(row.metric)
+    ran = {e.probe for e in executions if e.reason == "ok" and not e.is_warmup}
+    found = []
+    for probe in probes:
+        declared = set(probe.metrics)
+        if probe.name not in ran or not declared:
+            continue
+        missing = sorted(declared - written[probe.name])
+        unknown = sorted(written[probe.name] - declared)
+        if not missing and not unknown:
+            continue
+        parts = [f"declared {name} is never written{_closest(name, unknown, 'written')}"
+                 for name in missing]
+        parts += [f"written {name} is not declared{_closest(name, missing, 'declared')}"
+                  for name in unknown]
+        found.append(Finding(
+            "execution", "metric-names", feedback.WARN,
+            f"{probe.name} writes other metrics than it declares",
+            "; ".join(parts[:10]) + (f" and {len(parts) - 10} more" if len(parts) > 10 else "")
+            + ": a goal or criterion on a declared metric that is never written is never "
+            "measured; make the names in infraops.toml and the probe agree",
+            feedback.PROBE,
+            {"probe": probe.name, "missing": missing[:50], "undeclared": unknown[:50]}))
+    return found
+
+
+def _closest(name: str, options: Sequence[str], which: str) -> str:
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+    return f" (closest {which}: {close[0]})" if close else ""
+
+
 def stderr_tail(text: str, *, lines: int = STDERR_TAIL_LINES, chars: int = STDERR_TAIL_CHARS
                 ) -> str:
     """The end of a probe's stderr, at most `lines` lines and `chars` characters."""
@@ -223,14 +269,19 @@ def _next_probes(experiment: Experiment, manifest: Manifest,
 @dataclass(frozen=True)
 class _Margin:
     """The goal's smallest meaningful effect is the margin of the goal's own metric; every
-    other metric keeps the default, so a goal that only cares about 20% never hides a 15%
-    regression elsewhere."""
+    other metric keeps the margin its manifest entry states, else the default, so a goal that
+    only cares about 20% never hides a 15% regression elsewhere."""
 
     value: float
     metric: str  # "probe.metric"; blank: every metric
 
-    def of(self, probe: str, metric: str) -> float:
-        if not self.metric or self.metric == f"{probe}.{metric}":
+    def of(self, probe: str, metric: str, declared: float | None = None) -> float:
+        """`declared`: the margin the manifest states for this metric, if any."""
+        if self.metric == f"{probe}.{metric}":
+            return self.value
+        if declared is not None:
+            return declared
+        if not self.metric:
             return self.value
         return min(self.value, stats.DEFAULT_NO_CHANGE_MARGIN)
 
@@ -240,6 +291,7 @@ def _performance(probes: list[Probe], samples: dict[SampleKey, list[float]], *, 
     by_probe = {p.name: p for p in probes}
     found: list[Finding] = []
     too_few: dict[tuple[str, str], int] = {}
+    distorted: dict[tuple[str, str], str] = {}
     keys = sorted({key[:4] for key in samples})
     for probe_name, variant, metric, case in keys:
         probe = by_probe.get(probe_name)
@@ -253,16 +305,28 @@ def _performance(probes: list[Probe], samples: dict[SampleKey, list[float]], *, 
             too_few[(probe_name, metric)] = min(len(base), len(cand))
             continue
         evidence = {"probe": probe_name, "variant": variant, "metric": metric, "case": case}
+        measured = probe.metric(metric)
+        if _distorted(probe, measured):
+            distorted.setdefault((probe_name, metric), case)
+            continue
         try:
-            result = stats.compare(base, cand, direction=probe.direction(metric), seed=seed,
-                                   margin=margin.of(probe_name, metric))
+            result = stats.compare(base, cand, direction=measured.direction, seed=seed,
+                                   margin=margin.of(probe_name, metric, measured.margin))
         except ValueError as exc:
             found.append(Finding("performance", "not-comparable", feedback.WARN,
                                  f"{feedback.where(probe_name, variant, case)} {metric}",
                                  f"not compared: {exc}", feedback.METRIC, evidence))
             continue
         found += feedback.performance_findings(probe_name, variant, metric, case, "", result,
-                                               evidence, plausible=probe.plausible_speedup)
+                                               evidence, plausible=probe.plausible_speedup,
+                                               kind=measured.kind)
+    for probe_name, metric in sorted(distorted):
+        found.append(Finding(
+            "performance", "not-judged", feedback.INFO, f"{probe_name} {metric} not judged",
+            f"{metric} is a time measured while the probe ran under the instruction counter "
+            "(measure = \"instructions\"), which slows every run many times over and unevenly: "
+            "it is not judged in that mode; the probe's instructions are", feedback.PROBE,
+            {"probe": probe_name, "metric": metric}))
     for (probe_name, metric), n in sorted(too_few.items()):
         probe = by_probe[probe_name]
         found.append(Finding(
@@ -274,16 +338,24 @@ def _performance(probes: list[Probe], samples: dict[SampleKey, list[float]], *, 
     return found
 
 
+def _distorted(probe: Probe, metric: Metric) -> bool:
+    """Whether the probe's instrument distorts the metric: a time (wall time, not the
+    instruction count itself) measured under callgrind."""
+    return (probe.measure == "instructions" and metric.kind == "time"
+            and metric.name != "instructions")
+
+
 def _distributions(samples: dict[SampleKey, list[float]],
                    units: dict[tuple[str, str, str, str], str] | None = None, limit: int = 8
                    ) -> list[dict[str, Any]]:
     """Per compared key, both sides' per-execution values and their unit (for the A/B
-    chart)."""
-    keys = sorted({key[:4] for key in samples})[:limit]
+    chart); cases in numeric order (len-64 before len-256)."""
+    keys = sorted({key[:4] for key in samples},
+                  key=lambda key: tuple(_natural(part) for part in key))[:limit]
     units = units or {}
     return [{"label": " ".join(filter(None, (probe, f"[{variant}]" if variant else "", metric,
                                               case))),
-             "unit": units.get((probe, variant, metric, case), ""),
+             "metric": metric, "unit": units.get((probe, variant, metric, case), ""),
              "baseline": samples.get((probe, variant, metric, case, "baseline"), []),
              "candidate": samples.get((probe, variant, metric, case, "candidate"), [])}
             for probe, variant, metric, case in keys]
@@ -496,12 +568,31 @@ def _pair_findings(context: _Context, probe: Probe, pair: _Pair,
         # that only the cases the baseline got wrong exceed is what a fix looks like.
         within = all(c.ok for c in comparisons)
         explained = not within and all(c.ok for c in comparisons if c.case not in excused)
+        share = _share_of_tolerance(series, pair)
+        negligible = within and share is not None and share < WATCH_SHARE
+        note = (f"at most {share:.2g} of the tolerance: round-off far inside it"
+                if negligible and share is not None else "")
         finding = feedback.series_finding(
-            probe.name, pair.label, series, evidence,
-            severity=feedback.INFO if explained else feedback.WARN if within else severity)
+            probe.name, pair.label, series, evidence, note=note,
+            severity=feedback.INFO if explained or negligible
+            else feedback.WARN if within else severity)
         if finding is not None:
             found.append(finding)
     return found
+
+
+# A growing error within tolerance is worth watching from this share of the tolerance on;
+# under it (round-off from 5e-14 to 2e-12 under a 1e-9 tolerance) it is a note.
+WATCH_SHARE = 0.1
+
+
+def _share_of_tolerance(series: correctness.ErrorSeries, pair: _Pair) -> float | None:
+    """The series' largest error as a share of the smallest bound it could be held to: atol
+    for absolute errors, rtol for relative ones (each a lower bound of atol + rtol * |ref|
+    per element). None when that bound is 0."""
+    bound = pair.rtol if series.metric == "max_rel_error" else pair.atol
+    worst = max((error for _, error in series.points), default=0.0)
+    return worst / bound if bound > 0 else None
 
 
 def _degenerate(context: _Context, probe: Probe, pair: _Pair,

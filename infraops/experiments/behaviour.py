@@ -181,12 +181,13 @@ class _Attributions:
         return result.as_dict() if result is not None else None
 
     def top(self, name: str) -> str | None:
-        """The span, not a wait, that ran longest on another thread while `name`'s thread sat
+        """The span, not a wait and not `name` itself on another thread (a span is no
+        partner of its own), that ran longest on another thread while `name`'s thread sat
         idle, if it ran for at least PAIR_SHARE of that time."""
         result = self.result(name)
         if result is None:
             return None
-        share = next((o for o in result.others if not o.waiting), None)
+        share = next((o for o in result.others if not o.waiting and o.name != name), None)
         return share.name if share is not None and share.share >= PAIR_SHARE else None
 
 

@@ -9,17 +9,27 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TextIO, TypedDict
 
 from django.db import connection, transaction
 from django.db.models import F
 
 from infraops.experiments.blobstore import blob_store
 from infraops.live import notify
+from infraops.manifest import MAX_METRIC_NAME, MAX_UNIT
 from infraops.models import Artifact, Experiment, ExperimentLog, ProbeExecution, Sample
 
 METRICS_LINES_LIMIT = 100_000
+# A metrics.jsonl line is refused whole beyond these, with the reason: cutting a name, case or
+# unit to its column would merge metrics that differ, and a large labels object would be
+# stored again with every sample of the line's execution.
+MAX_LINE_CHARS = 64 * 1024
+MAX_LABELS_CHARS = 4096
+MAX_LABELS_DEPTH = 4
+MAX_CASE = 200  # Sample.case
+MAX_PROBLEMS_NAMED = 20
 ARTIFACT_FILES_LIMIT = 1_000
 ARTIFACT_BYTES_LIMIT = 256 * 1024 * 1024
 LOG_FLUSH_SECONDS = 0.1
@@ -58,7 +68,9 @@ def _open_regular(path: Path) -> int | None:
 
 
 def read_metrics(path: Path, limit: int = METRICS_LINES_LIMIT) -> tuple[list[MetricRow], list[str]]:
-    """Parse metrics.jsonl; malformed lines are skipped and named, never fatal."""
+    """Parse metrics.jsonl; a malformed line is refused whole with its reason (stored on the
+    execution), never cut to fit and never fatal. The problems are at most
+    MAX_PROBLEMS_NAMED lines, the last counting those not named."""
     rows: list[MetricRow] = []
     problems: list[str] = []
     fd = _open_regular(path)
@@ -66,34 +78,90 @@ def read_metrics(path: Path, limit: int = METRICS_LINES_LIMIT) -> tuple[list[Met
         what = "is not a regular file" if path.is_symlink() or path.exists() else "is missing"
         return rows, [f"metrics.jsonl {what}: the probe reported no metrics"]
     with os.fdopen(fd, encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, start=1):
+        for number, line in enumerate(_lines(handle), start=1):
             if number > limit:
                 problems.append(f"metrics.jsonl: only the first {limit} lines were read")
                 break
+            if line is None:
+                problems.append(f"metrics.jsonl line {number} skipped: longer than "
+                                f"{MAX_LINE_CHARS} characters")
+                continue
             if not line.strip():
                 continue
             try:
                 rows.append(_metric_row(json.loads(line)))
+            except RecursionError:
+                problems.append(f"metrics.jsonl line {number} skipped: nested too deep to read")
             except (ValueError, KeyError, TypeError, ArithmeticError) as exc:
                 problems.append(f"metrics.jsonl line {number} skipped: {exc}")
-    return rows, problems[:20]
+    if len(problems) > MAX_PROBLEMS_NAMED:
+        more = len(problems) - MAX_PROBLEMS_NAMED + 1
+        problems = [*problems[:MAX_PROBLEMS_NAMED - 1],
+                    f"metrics.jsonl: {more} more problems like these"]
+    return rows, problems
+
+
+def _lines(handle: TextIO) -> Iterator[str | None]:
+    """The file's lines; None for one longer than MAX_LINE_CHARS, which is skipped without
+    being held in memory whole."""
+    while line := handle.readline(MAX_LINE_CHARS + 1):
+        if len(line) <= MAX_LINE_CHARS or line.endswith("\n"):
+            yield line
+            continue
+        while (rest := handle.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+            pass
+        yield None
 
 
 def _metric_row(raw: object) -> MetricRow:
+    """One line as a row, or ValueError/KeyError with the reason it is refused: a name, unit
+    and case are strings that fit their columns, the value a finite JSON number ("1" and
+    true are not numbers), the labels an object of bounded size and depth."""
     if not isinstance(raw, dict):
         raise ValueError("not a JSON object")
-    value = float(raw["value"])
+    value = raw["value"]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"value {json.dumps(value)[:40]} is not a finite number: write a JSON "
+                         "number (\"1\" and true are not numbers)")
+    value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"value {raw['value']!r} is not a finite number")
+    name = _text(raw, "name", MAX_METRIC_NAME, required=True)
+    unit = _text(raw, "unit", MAX_UNIT)
+    case = _text(raw, "case", MAX_CASE)
     labels = raw.get("labels", {})
     if not isinstance(labels, dict):
         raise ValueError("labels must be an object")
-    texts = [str(raw["name"]), str(raw.get("unit", "")), str(raw.get("case", "")),
-             json.dumps(labels)]
-    if any("\x00" in text or "\\u0000" in text for text in texts):
+    encoded = json.dumps(labels)
+    if len(encoded) > MAX_LABELS_CHARS:
+        raise ValueError(f"labels are {len(encoded)} characters as JSON; at most "
+                         f"{MAX_LABELS_CHARS}")
+    if _depth(labels) > MAX_LABELS_DEPTH:
+        raise ValueError(f"labels are nested deeper than {MAX_LABELS_DEPTH} levels")
+    if any("\x00" in text for text in (name, unit, case)) or "\\u0000" in encoded:
         raise ValueError("NUL characters are not allowed in names, units, cases or labels")
-    return MetricRow(name=texts[0][:100], value=value, unit=texts[1][:40], case=texts[2][:200],
-                     labels=labels)
+    return MetricRow(name=name, value=value, unit=unit, case=case, labels=labels)
+
+
+def _text(raw: dict[str, Any], key: str, limit: int, *, required: bool = False) -> str:
+    """A string field that fits its `limit`-character column; refused, never cut."""
+    if required and key not in raw:
+        raise KeyError(key)
+    value = raw.get(key, "")
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string, got {json.dumps(value)[:40]}")
+    if len(value) > limit:
+        raise ValueError(f"{key} {value[:20]!r}... is {len(value)} characters; at most {limit}")
+    return value
+
+
+def _depth(value: object) -> int:
+    """How deep lists and objects nest in a parsed JSON value (a scalar is 0)."""
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
 
 
 def printable(data: bytes) -> str:

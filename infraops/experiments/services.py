@@ -184,8 +184,10 @@ def experiment_request(
     probes: Sequence[str] = (), origin: str = "", stop_on_failure: bool = True,
     criteria: Sequence[dict[str, Any]] = (), margin: float | None = None,
     margin_metric: str = "", variants: Mapping[str, Sequence[str]] | None = None,
+    send: bool = True,
 ) -> Experiment:
-    """Queue an experiment; its task is sent after commit, to the queue its probes need.
+    """Queue an experiment; its task is sent after commit, to the queue its probes need
+    (`send` False: not sent, the caller runs it with experiment_execute).
     `margin` is the equivalence margin of the comparisons of `margin_metric` ("probe.metric";
     blank: of every metric); other metrics use DEFAULT_MARGIN. `variants` runs only the named
     cells of the probes it names (see chosen_variants; DomainError when one does not exist);
@@ -215,8 +217,43 @@ def experiment_request(
         enqueued_at=timezone.now(), criteria=list(criteria),
         margin=_clamped(margin), margin_metric=margin_metric[:201],
     )
-    _send_after_commit(experiment.pk, experiment.queue)
+    if send:
+        _send_after_commit(experiment.pk, experiment.queue)
     return experiment
+
+
+def experiment_compare(*, target: Target, candidate: str, base: str = "",
+                       probes: Sequence[str] = (), send: bool = True) -> Experiment:
+    """Queue an experiment of any two revisions of the target (branch, tag or sha; `base`
+    blank: the base branch's tip), for a person rather than a run: what
+    `manage.py experiment` asks. A revision the clone does not know is looked for upstream
+    (fetched, then its `origin/` branch); DomainError names one found nowhere."""
+    base = base or target.base_branch
+    baseline_commit = _resolve(target, base)
+    candidate_commit = _resolve(target, candidate)
+    if candidate_commit == baseline_commit:
+        raise DomainError(f"{candidate} and {base} are the same commit "
+                          f"({candidate_commit[:10]}): there is nothing to compare.")
+    return experiment_request(
+        target=target, candidate_commit=candidate_commit, baseline_commit=baseline_commit,
+        probes=probes, origin=f"compare {candidate} against {base}"[:200], send=send)
+
+
+def _resolve(target: Target, rev: str) -> str:
+    for attempt in range(2):
+        for name in (rev, f"refs/remotes/origin/{rev}"):
+            try:
+                return gitops.rev_parse(target.clone_path, name)
+            except gitops.GitError:
+                continue
+        if attempt == 0:
+            try:
+                gitops.repo_fetch(target.clone_path)
+            except gitops.GitError as exc:
+                raise DomainError(f"{rev!r} is not in {target.name}'s clone and fetching "
+                                  f"from upstream failed: {exc}") from None
+    raise DomainError(f"{rev!r} names no commit of {target.name}, here or upstream: give a "
+                      "branch, tag or commit sha.")
 
 
 def _send_after_commit(experiment_id: int, queue: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 import plotly.io as pio
+from plotly.subplots import make_subplots
 
 LAYOUT = {"margin": {"l": 60, "r": 20, "t": 40, "b": 50}, "height": 320,
           "template": "simple_white", "font": {"size": 12}}
@@ -21,13 +22,21 @@ def error_vs_size(series: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One line per comparison: the error at each case size, log-log (the curve that shows
     an accumulating precision loss)."""
     figure = go.Figure()
+    positive = [p[1] for item in series for p in item.get("points") or [] if p[1] > 0]
+    # A log axis has no 0: an exact match is drawn a decade under the smallest error, as an
+    # open marker whose hover says 0, instead of at 1e-30 where it flattens every curve.
+    floor = min(positive) / 10 if positive else 1e-12
     for item in series:
         points = item.get("points") or []
         if not points:
             continue
         figure.add_trace(go.Scatter(
-            x=[p[0] for p in points], y=[max(p[1], 1e-30) for p in points],
-            mode="lines+markers", name=f"{item.get('label', '')} ({item.get('metric', '')})"))
+            x=[p[0] for p in points], y=[p[1] if p[1] > 0 else floor for p in points],
+            mode="lines+markers", name=f"{item.get('label', '')} ({item.get('metric', '')})",
+            marker={"symbol": ["circle" if p[1] > 0 else "circle-open" for p in points],
+                    "size": [7 if p[1] > 0 else 11 for p in points]},
+            hovertext=[f"{p[1]:.4g}" if p[1] > 0 else "0 (exact match)" for p in points],
+            hovertemplate="size %{x}: %{hovertext}<extra></extra>"))
     figure.update_layout(title="Error versus size",
                          xaxis={"type": "log", "title": "case size (elements)"},
                          yaxis={"type": "log", "title": "error against the reference (absolute "
@@ -35,26 +44,42 @@ def error_vs_size(series: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return _plain(figure)
 
 
+MAX_PANELS = 6
+
+
 def ab_distributions(groups: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Baseline and candidate values side by side per compared metric (one point per
-    execution), so a reviewer sees the spread behind each verdict."""
-    figure = go.Figure()
-    for side, colour in (("baseline", "#66707c"), ("candidate", "#2457c5")):
-        labels: list[str] = []
-        values: list[float] = []
-        for group in groups:
-            for value in group.get(side, []):
-                labels.append(str(group.get("label", "")))
-                values.append(float(value))
-        figure.add_trace(go.Box(x=labels, y=values, name=side, boxpoints="all",
-                                marker_color=colour))
-    units = sorted({str(g.get("unit") or "") for g in groups} - {""})
-    # One axis for every compared metric: its unit when they share one, else each label's.
-    y_title = f"value ({units[0]})" if len(units) == 1 else "value, in each metric's own unit"
+    execution), so a reviewer sees the spread behind each verdict: one panel per unit (a
+    metric without a unit has a panel of its own), so microseconds and instruction counts
+    never share an axis and flatten each other."""
+    panels = _panels(groups)
+    figure = make_subplots(rows=len(panels), cols=1, vertical_spacing=0.3 / len(panels))
+    for row, (unit, members) in enumerate(panels, start=1):
+        for side, colour in (("baseline", "#66707c"), ("candidate", "#2457c5")):
+            labels = [str(g.get("label", "")) for g in members for _ in g.get(side, [])]
+            values = [float(v) for g in members for v in g.get(side, [])]
+            figure.add_trace(go.Box(x=labels, y=values, name=side, boxpoints="all",
+                                    marker_color=colour, legendgroup=side,
+                                    showlegend=row == 1), row=row, col=1)
+        figure.update_yaxes(title_text=f"value ({unit})" if unit else "value", row=row, col=1)
+    figure.update_xaxes(title_text="metric", row=len(panels), col=1)
     figure.update_layout(title="Baseline and candidate, one point per execution",
-                         boxmode="group", xaxis={"title": "metric"}, yaxis={"title": y_title},
-                         **LAYOUT)
+                         boxmode="group", **(LAYOUT | {"height": 60 + 260 * len(panels)}))
     return _plain(figure)
+
+
+def _panels(groups: Sequence[Mapping[str, Any]]
+            ) -> list[tuple[str, list[Mapping[str, Any]]]]:
+    """The groups by unit, in order of first appearance; those without a unit by metric (or
+    label); at most MAX_PANELS, the rest in the last."""
+    panels: dict[str, tuple[str, list[Mapping[str, Any]]]] = {}
+    for group in groups:
+        unit = str(group.get("unit") or "")
+        key = unit or f"metric:{group.get('metric') or group.get('label', '')}"
+        if key not in panels and len(panels) == MAX_PANELS:
+            key = list(panels)[-1]
+        panels.setdefault(key, (unit, []))[1].append(group)
+    return list(panels.values()) or [("", [])]
 
 
 TIMELINE_COLOURS = {"spans": "#2457c5", "waits": "#c0392b", "idle": "#c8ccd2",

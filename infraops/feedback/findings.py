@@ -11,11 +11,12 @@ derived from the findings; a human reads the page.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infraops.feedback.correctness import CaseComparison, ErrorSeries
+from infraops.feedback.numbers import significant
 from infraops.feedback.stats import INCONCLUSIVE, Comparison
 from infraops.feedback.traces import Overlap, SpanChange
 
@@ -136,6 +137,7 @@ def next_steps(findings: Sequence[Finding], next_probes: Sequence[tuple[str, int
     Deduplicated; at most `limit`."""
     steps: list[str] = []
     pairs: set[tuple[str, str]] = set()
+    worst = _worst_cases(findings)
 
     def add(step: str) -> None:
         if step not in steps:
@@ -154,12 +156,14 @@ def next_steps(findings: Sequence[Finding], next_probes: Sequence[tuple[str, int
             if pair in pairs:
                 continue
             pairs.add(pair)
+            e = worst.get(pair, f).evidence
             comparison = e.get("comparison") or {}
             index = comparison.get("first_mismatch")
             at = f" at index {list(index)}" if index else ""
             seed = e.get("seed") or (e.get("seeds") or [None])[0]
             again = f" (INFRAOPS_SEED={seed} reproduces it)" if seed is not None else ""
-            add(f"read case {e['case']} of {pair[0]} {pair[1]} first{at}{again}")
+            of = " ".join(part for part in pair if part)
+            add(f"read case {e['case']} of {of} first{at}{again}")
             variants = [v for v in e.get("variants", []) if v]
             if len(set(variants)) == 2:
                 add(f"compare variants [{variants[1]}] and [{variants[0]}] of "
@@ -180,6 +184,54 @@ def next_steps(findings: Sequence[Finding], next_probes: Sequence[tuple[str, int
     return steps[:limit - len(probes)] + probes
 
 
+def about_baseline(evidence: Mapping[str, Any]) -> bool:
+    """Whether a finding (its evidence) is about the baseline side, context for the
+    candidate."""
+    return evidence.get("side") == "baseline" or str(evidence.get("compared", "")).endswith(
+        "(baseline)")
+
+
+def uncredited(findings: Sequence[Finding]) -> list[Finding]:
+    """A candidate that fails an integrity check is credited no improvement: each improved
+    comparison becomes a warning saying why, its evidence marked ``credited: False`` (the
+    merge gate and the goal's progress read it). A cheat's speed-up is the cheat's effect."""
+    cheats = [f for f in findings
+              if f.layer == "integrity" and f.severity == FAIL and not about_baseline(f.evidence)]
+    if not cheats:
+        return list(findings)
+    why = (f"not credited: the candidate fails {len(cheats)} integrity "
+           f"check{'s' * (len(cheats) != 1)} (first: {cheats[0].title})")
+    result = []
+    for f in findings:
+        if f.kind == "perf-comparison" and f.severity == PASS:
+            f = Finding(f.layer, f.kind, WARN, f"{f.title.rsplit(' ', 1)[0]} not credited",
+                        f"{why}. {f.detail}", f.specificity, f.evidence | {"credited": False})
+        result.append(f)
+    return result
+
+
+def _worst_cases(findings: Sequence[Finding]) -> dict[tuple[str, str], Finding]:
+    """Per compared pair (probe, what was compared), its failing or warned case with the
+    largest error (absolute, then relative): the case to read first."""
+    def error(f: Finding) -> tuple[float, float]:
+        c = f.evidence.get("comparison") or {}
+        return (_number(c.get("max_abs_error")), _number(c.get("max_rel_error")))
+
+    worst: dict[tuple[str, str], Finding] = {}
+    for f in findings:
+        if (f.severity not in (FAIL, WARN) or f.layer not in ("correctness", "integrity")
+                or not f.evidence.get("case")):
+            continue
+        pair = (str(f.evidence.get("probe")), str(f.evidence.get("compared", "")))
+        if pair not in worst or error(f) > error(worst[pair]):
+            worst[pair] = f
+    return worst
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not math.isnan(value) else 0.0
+
+
 def where(probe: str, variant: str = "", case: str = "") -> str:
     parts = [probe]
     if variant:
@@ -189,14 +241,32 @@ def where(probe: str, variant: str = "", case: str = "") -> str:
     return " ".join(parts)
 
 
+# How a verdict reads per metric kind (infraops.manifest.KINDS): severity and the word of the
+# title. Only time and throughput are speed: their regressions fail and only their
+# improvements can be implausible. An error that falls is a fix and one that rises is a
+# warning (a criterion bounds it); counts (registers, spills) and ratios are facts of the
+# run, which moved, neither good nor bad in themselves.
+_KIND_VERDICTS: dict[str, dict[str, tuple[str, str]]] = {
+    "time": {"improved": (PASS, "improved"), "regressed": (FAIL, "regressed")},
+    "throughput": {"improved": (PASS, "improved"), "regressed": (FAIL, "regressed")},
+    "memory": {"improved": (PASS, "improved"), "regressed": (WARN, "regressed")},
+    "error": {"improved": (PASS, "fell"), "regressed": (WARN, "grew")},
+    "count": {"improved": (INFO, "changed"), "regressed": (INFO, "changed")},
+    "ratio": {"improved": (INFO, "changed"), "regressed": (INFO, "changed")},
+}
+SPEED_KINDS = ("time", "throughput")
+
+
 def performance_findings(probe: str, variant: str, metric: str, case: str, unit: str,
                          comparison: Comparison, evidence: dict[str, Any], *,
-                         plausible: float = 5.0) -> list[Finding]:
-    """One finding per compared metric, explaining its verdict; a speed-up beyond `plausible`
-    (a factor) adds a failing integrity one."""
+                         plausible: float = 5.0, kind: str = "time") -> list[Finding]:
+    """One finding per compared metric, explaining its verdict as its `kind` reads it (see
+    _KIND_VERDICTS; the kind is in the evidence); a speed-up beyond `plausible` (a factor) of
+    a time or throughput adds a failing integrity one."""
     c = comparison
     numbers = (f"median {c.baseline_median:.4g} -> {c.candidate_median:.4g} {unit}".strip()
-               + f", ratio {c.ratio:.3f} (95% CI {c.ci_low:.3f}-{c.ci_high:.3f}), "
+               + f", ratio {significant(c.ratio)} (95% CI {significant(c.ci_low)}-"
+               f"{significant(c.ci_high)}), "
                f"p={c.p_value:.2g}, n={c.n_baseline}/{c.n_candidate} executions a side, "
                f"noise CV {max(c.cv_baseline, c.cv_candidate):.1%}, detectable effect "
                f"{c.mde:.1%}")
@@ -207,14 +277,20 @@ def performance_findings(probe: str, variant: str, metric: str, case: str, unit:
         detail = f"no change: {c.reason}. {numbers}"
     else:
         detail = f"{c.verdict}: {c.reason}. {numbers}"
-    severity = {"regressed": FAIL, "improved": PASS, "no change": INFO}.get(c.verdict, WARN)
-    title = f"{where(probe, variant, case)} {metric} {c.verdict}"
+    judged = _KIND_VERDICTS.get(kind, _KIND_VERDICTS["time"])
+    severity, word = judged.get(c.verdict, (INFO if c.verdict == "no change" else WARN,
+                                            c.verdict))
+    title = f"{where(probe, variant, case)} {metric} {word}"
+    if kind not in SPEED_KINDS and c.verdict in judged:
+        detail = f"{detail} (a{'n' * (kind[0] in 'aeiou')} {kind}, not a speed)"
     found = [Finding("performance", "perf-comparison", severity, title, detail,
-                     CASE if case else METRIC, evidence | {"comparison": c.as_dict()})]
-    # Only an improvement can be implausible; a metric that fell to zero (a count) has no
-    # factor to judge.
+                     CASE if case else METRIC,
+                     evidence | {"comparison": c.as_dict(), "kind": kind})]
+    # Only an improvement of speed can be implausible; a metric that fell to zero (a count)
+    # has no factor to judge.
     speedup = 1 / c.ratio if c.direction == "minimize" and c.ratio > 0 else c.ratio
-    if c.verdict == "improved" and c.ratio > 0 and math.isfinite(speedup) and speedup > plausible:
+    if (kind in SPEED_KINDS and c.verdict == "improved" and c.ratio > 0
+            and math.isfinite(speedup) and speedup > plausible):
         found.append(Finding(
             "integrity", "too-good-to-be-true", FAIL,
             f"{where(probe, variant, case)} {metric} {speedup:.3g}x better: implausible",
@@ -246,13 +322,15 @@ def correctness_findings(probe: str, label: str, comparisons: Sequence[CaseCompa
 
 
 def series_finding(probe: str, label: str, series: ErrorSeries, evidence: dict[str, Any], *,
-                   severity: str = FAIL) -> Finding | None:
-    """A growing error is reported at `severity`; a flat one is a note."""
+                   severity: str = FAIL, note: str = "") -> Finding | None:
+    """A growing error is reported at `severity`; a flat one is a note. `note`: a clause
+    added to the detail (how it stands against the tolerance)."""
     if len(series.points) < 2:
         return None
     severity = severity if series.growing else INFO
+    detail = f"{series.detail}; {note}" if note else series.detail
     return Finding("correctness", "error-vs-size", severity,
-                   f"{probe} {label} error versus size", series.detail, SERIES,
+                   f"{probe} {label} error versus size", detail, SERIES,
                    evidence | {"series": series.as_dict()})
 
 

@@ -263,8 +263,12 @@ def _advice(ratio: float, cv_b: float, cv_c: float, n: int, alpha: float, margin
         return 0, "the noise cannot be estimated: more repeats a side are needed"
     if needed <= n:  # the robust CV says "enough" yet the interval says no: it is unreliable
         more = max(2 * n, floor)
+        # A robust CV of 0 means most values are equal; above 0 it reads the middle of the
+        # values only, while an outlier widens the interval.
+        why = ("most values equal" if max(cv_b, cv_c) == 0
+               else "it reads the middle values; an outlier widens the interval")
         return more, (f"the noise estimate is unreliable at this n (robust CV "
-                      f"{max(cv_b, cv_c):.1%}, most values equal) while the interval is wide: "
+                      f"{max(cv_b, cv_c):.1%}, {why}) while the interval is wide: "
                       f"run more repeats a side, e.g. {more}")
     if needed > MAX_ADVISED_REPEATS:
         return needed, (f"{noise} more than {MAX_ADVISED_REPEATS} repeats a side {goal}: "

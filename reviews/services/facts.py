@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from infraops import gitops
+from infraops.feedback.findings import about_baseline
 from infraops.models import Experiment
 from reviews import gate
 from reviews.models import Change
@@ -13,7 +14,10 @@ from reviews.models import Change
 def evidence_facts(experiment: Experiment) -> gate.EvidenceFacts:
     """What the gate needs of an experiment's feedback. Findings about the baseline side
     (a failure the change fixes, say) are not held against the candidate."""
-    findings = [f for f in experiment.feedback.get("findings", []) if not _about_baseline(f)]
+    findings = [f for f in experiment.feedback.get("findings", [])
+                if not about_baseline(f.get("evidence") or {})]
+    # A cheat is credited no gain, in feedback stored before the analysis said so too.
+    cheat = any(f["layer"] == "integrity" and f["severity"] == "fail" for f in findings)
     return gate.EvidenceFacts(
         experiment_id=experiment.pk, status=experiment.status,
         candidate_commit=experiment.candidate_commit, baseline_commit=experiment.baseline_commit,
@@ -22,14 +26,9 @@ def evidence_facts(experiment: Experiment) -> gate.EvidenceFacts:
         integrity=tuple(f"{f['title']}: {f['detail']}" for f in findings
                         if f["layer"] == "integrity"),
         criteria=tuple(_verdict(f) for f in findings if f["layer"] == "criteria"),
-        performance=tuple(_performance(f) for f in findings if f["kind"] == "perf-comparison"),
+        performance=tuple(_performance(f, cheat=cheat) for f in findings
+                          if f["kind"] == "perf-comparison"),
     )
-
-
-def _about_baseline(finding: dict[str, Any]) -> bool:
-    evidence = finding.get("evidence") or {}
-    return evidence.get("side") == "baseline" or str(evidence.get("compared", "")).endswith(
-        "(baseline)")
 
 
 def _verdict(finding: dict[str, Any]) -> gate.CriterionVerdict:
@@ -39,12 +38,16 @@ def _verdict(finding: dict[str, Any]) -> gate.CriterionVerdict:
         passed=finding["severity"] == "pass", detail=finding["detail"])
 
 
-def _performance(finding: dict[str, Any]) -> gate.PerformanceResult:
+def _performance(finding: dict[str, Any], *, cheat: bool) -> gate.PerformanceResult:
     evidence = finding.get("evidence") or {}
     verdict = (evidence.get("comparison") or {}).get("verdict", "not compared")
+    if verdict == "improved" and (cheat or evidence.get("credited") is False):
+        verdict = gate.NOT_CREDITED
+    # Findings stored before metrics had kinds judged every metric as a time.
     return gate.PerformanceResult(probe=evidence.get("probe", ""),
                                   metric=evidence.get("metric", ""), verdict=verdict,
-                                  title=finding["title"], detail=finding["detail"])
+                                  title=finding["title"], detail=finding["detail"],
+                                  kind=str(evidence.get("kind") or "time"))
 
 
 def change_facts(change: Change, *, head: str | None = None, base: str | None = None,

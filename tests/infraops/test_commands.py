@@ -163,3 +163,14 @@ def test_a_showcase_only_that_cannot_be_honoured_is_refused_before_anything_star
 ) -> None:
     with pytest.raises(CommandError, match="argument --showcase-only"):
         call_command(command, *args)
+
+
+def test_the_llm_demo_goal_is_measured_by_the_merges_error_not_its_wall_time() -> None:
+    from infraops.models import Goal
+
+    call_command("load_example", "demo-kernels", stdout=StringIO())
+
+    goal = Goal.objects.get(name__startswith="Numerics, by the LLM agent")
+    assert (goal.probe, goal.metric, goal.direction) == ("cp-error", "max_rel_error", "minimize")
+    probe = goal.target.manifest().probe(goal.probe)  # type: ignore[union-attr]
+    assert probe is not None and probe.metric(goal.metric).kind == "error"

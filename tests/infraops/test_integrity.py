@@ -19,7 +19,9 @@ from infraops.experiments import services as experiments_service
 from infraops.experiments.services import experiment_execute, experiment_request
 from infraops.models import Experiment, Target
 from infraops.services.targets import target_register
+from reviews.gate import ProbeFact
 from tests.conftest import make_origin, members_of_new_target
+from tests.infraops.experiments.test_gpu_probes import end_to_end
 
 MANIFEST = """
 [[probe]]
@@ -253,11 +255,20 @@ def test_a_candidate_that_caches_results_in_its_checkout_fails(
         experiment = run(squares_target, candidate, "speed")
 
     # A 2.5x "improvement" within the plausibility bound: only what it left behind tells.
-    assert [f for f in experiment.feedback["findings"]
-            if f["kind"] == "perf-comparison" and "improved" in f["title"]]
+    [faster] = [f for f in experiment.feedback["findings"] if f["kind"] == "perf-comparison"
+                and f["evidence"]["comparison"]["verdict"] == "improved"]
     [left] = failing(experiment, "left-behind")
     assert left["evidence"]["files"] == [".done"]
     assert "replay them" in left["detail"]
+    # The speed-up is the cheat's: no passing finding, no gain confirmed for the gate.
+    assert (faster["severity"], faster["title"]) == ("warn", "speed step_ms not credited")
+    assert faster["detail"].startswith("not credited: the candidate fails 1 integrity check "
+                                       "(first: the candidate left 1 files")
+    assert not [f for f in experiment.feedback["findings"]
+                if f["layer"] == "performance" and f["severity"] == "pass"]
+    confirmed = end_to_end(experiment, ProbeFact("speed", "performance", 1))
+    assert not confirmed.passed and confirmed.detail.startswith("no gain is credited: speed "
+                                                                "step_ms not credited")
 
 
 def test_a_fix_that_makes_noisy_outputs_deterministic_is_not_called_hard_coded(
@@ -290,6 +301,9 @@ def test_a_speed_up_beyond_the_plausibility_bound_fails(
     [implausible] = failing(experiment, "too-good-to-be-true")
     assert re.search(r"step_ms \d+(\.\d+)?x better: implausible", implausible["title"])
     assert "plausibility bound of 5x" in implausible["detail"]
+    # ... and the speed-up itself is not credited.
+    assert [f["title"] for f in experiment.feedback["findings"]
+            if f["kind"] == "perf-comparison"] == ["speed step_ms not credited"]
 
 
 def test_the_page_shows_each_executions_seed_and_how_to_reproduce_it(

@@ -13,8 +13,10 @@ from infraops.manifest import (
     Compare,
     ManifestError,
     ManifestProblem,
+    Metric,
     Probe,
     glob_match,
+    metric_defaults,
     parse_manifest,
 )
 
@@ -604,3 +606,84 @@ def test_manifest_like_text_raises_only_manifest_error(lines: list[str]) -> None
     except ManifestError as error:
         assert error.problems
         assert all(isinstance(p.line, int | None) for p in error.problems)
+
+
+PERF = """\
+[[probe]]
+name = "bench"
+layer = "performance"
+command = "python bench.py"
+"""
+
+
+@pytest.mark.parametrize(("name", "kind", "direction", "unit"), [
+    ("decode_us", "time", "minimize", "us"), ("decode_us_b64", "time", "minimize", "us"),
+    ("latency_ms", "time", "minimize", "ms"), ("instructions", "time", "minimize",
+                                              "instructions"),
+    ("tokens_per_s", "throughput", "maximize", "/s"), ("gflops", "throughput", "maximize", "/s"),
+    ("rel_error", "error", "minimize", ""), ("err_ratio", "error", "minimize", ""),
+    ("max_abs_error", "error", "minimize", ""), ("registers", "count", "minimize", ""),
+    ("spills", "count", "minimize", ""), ("num_warps", "count", "minimize", ""),
+    ("programs_per_head", "count", "minimize", ""), ("peak_memory_mb", "memory", "minimize",
+                                                     "MB"),
+    ("slowest_retention", "ratio", "minimize", ""), ("hit_rate", "ratio", "minimize", ""),
+    ("score", "time", "minimize", ""),  # nothing in the name says: a cost, as before kinds
+])
+def test_a_metric_kind_follows_from_its_name(name: str, kind: str, direction: str,
+                                             unit: str) -> None:
+    probe = parse_manifest(PERF + f'metrics = ["{name}"]\n').probes[0]
+
+    assert probe.metric(name) == Metric(name, kind, direction, unit)
+    assert probe.metric(name) == metric_defaults(name)
+
+
+def test_a_metric_table_declares_its_kind_direction_unit_and_margin() -> None:
+    probe = parse_manifest(PERF + (
+        'metrics = ["merge_us", {name = "quality", kind = "ratio", direction = "maximize"},\n'
+        '           {name = "rel_error", margin = 0.05}, {name = "hbm", kind = "memory", '
+        'unit = "GiB"}]\n')).probes[0]
+
+    assert probe.metrics == ("merge_us", "quality", "rel_error", "hbm")
+    assert probe.metric("quality") == Metric("quality", "ratio", "maximize")
+    assert probe.metric("rel_error") == Metric("rel_error", "error", "minimize", margin=0.05)
+    assert probe.metric("hbm") == Metric("hbm", "memory", "minimize", "GiB")
+    assert probe.metric("merge_us").performance and not probe.metric("rel_error").performance
+
+
+def test_higher_is_better_still_turns_a_metric_around() -> None:
+    probe = parse_manifest(PERF + 'metrics = ["score"]\nhigher_is_better = ["score"]\n'
+                           ).probes[0]
+
+    assert probe.direction("score") == "maximize"
+
+
+@pytest.mark.parametrize(("table", "field", "message"), [
+    ('{name = "x", kind = "speed"}', "metrics[1].kind",
+     "kind must be one of time, throughput, error, count, memory, ratio; got 'speed'"),
+    ('{name = "x", direction = "up"}', "metrics[1].direction",
+     "direction must be one of minimize, maximize"),
+    ('{name = "x", margin = 1.5}', "metrics[1].margin", "a number between 0 and 1"),
+    ('{name = "x", margin = true}', "metrics[1].margin", "a number between 0 and 1"),
+    ('{name = "x", unit = "' + "u" * 41 + '"}', "metrics[1].unit", "at most 40 characters"),
+    ('{name = "x", kinds = "time"}', "metrics[1].kinds", "(did you mean 'kind'?)"),
+    ('{kind = "error"}', "metrics[1].name", "a metric table needs a name"),
+], ids=["kind", "direction", "margin", "margin-bool", "unit", "unknown-key", "no-name"])
+def test_a_bad_metric_table_is_named_with_its_line(table: str, field: str, message: str
+                                                   ) -> None:
+    with pytest.raises(ManifestError) as raised:
+        parse_manifest(PERF + f"metrics = [{table}]\n")
+
+    [problem] = raised.value.problems
+    assert (problem.field, problem.line) == (field, 5)
+    assert message in problem.message
+
+
+@pytest.mark.parametrize("table", ["[[criterion]]", "[criteria]", "[[acceptance]]"])
+def test_criteria_in_the_manifest_are_sent_to_the_goal_editor(table: str) -> None:
+    with pytest.raises(ManifestError) as raised:
+        parse_manifest(PROBE + f'{table}\nmetric = "passed"\n')
+
+    [problem] = raised.value.problems
+    assert (problem.table, problem.line) == ("(top level)", 6)
+    assert problem.message.startswith("acceptance criteria do not live in infraops.toml")
+    assert "the goal editor (/admin/infraops/goal/" in problem.message

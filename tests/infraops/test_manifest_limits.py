@@ -316,3 +316,11 @@ def test_unexpected_reason_names_type_message_and_place() -> None:
                            "worker's log has the traceback")
     long = experiments_service.unexpected_reason(ValueError("y" * 5000))
     assert len(long) < 700 and "(at " not in long  # never raised: no place to name
+
+
+def test_the_goal_editor_the_manifest_sends_criteria_to_is_the_admins() -> None:
+    from django.urls import reverse
+
+    from infraops.manifest import GOAL_EDITOR_PATH
+
+    assert reverse("admin:infraops_goal_changelist") == GOAL_EDITOR_PATH

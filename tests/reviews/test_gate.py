@@ -153,3 +153,38 @@ def test_only_a_moved_base_means_re_verify_then_merge() -> None:
 
 def test_an_empty_gate_never_passes() -> None:
     assert not gate.gate_passed([])
+
+
+ERROR_FELL = gate.PerformanceResult("cp-error", "max_rel_error", "improved",
+                                    "cp-error max_rel_error fell", "ratio 0.0000057",
+                                    kind="error")
+
+
+def test_an_error_that_fell_is_no_gain_to_confirm_end_to_end() -> None:
+    checks = gate.merge_gate(facts(evidence=evidence(performance=(ERROR_FELL,))))
+
+    end_to_end = next(c for c in checks if c.name == "end-to-end")
+    assert end_to_end.passed and end_to_end.detail == "no performance gain is claimed"
+
+
+def test_only_a_time_or_throughput_confirms_a_gain_end_to_end() -> None:
+    fell_there = dataclasses.replace(ERROR_FELL, probe="e2e-serve")
+    checks = gate.merge_gate(facts(evidence=evidence(performance=(MICRO, fell_there))))
+
+    assert "did not report" in failing(checks)["end-to-end"]
+
+
+def test_a_confirmed_gain_names_the_metric_that_confirms_it() -> None:
+    end_to_end = next(c for c in gate.merge_gate(facts()) if c.name == "end-to-end")
+
+    assert end_to_end.detail.startswith("e2e-serve (e2e, cost 100) improved on latency_ms: ")
+
+
+def test_a_gain_that_is_not_credited_is_not_confirmed_end_to_end() -> None:
+    cheat = dataclasses.replace(E2E, verdict=gate.NOT_CREDITED,
+                                title="e2e-serve latency_ms not credited")
+    checks = gate.merge_gate(facts(evidence=evidence(performance=(MICRO, cheat))))
+
+    assert failing(checks)["end-to-end"] == (
+        "no gain is credited: e2e-serve latency_ms not credited comes with an integrity "
+        "failure, so its speed-up is not the change's")

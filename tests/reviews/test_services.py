@@ -328,3 +328,23 @@ def test_a_binary_file_is_unclassified_and_keeps_the_change_waiting(
     assert "unclassified" in change.risk_classes
     assert change.status == Change.Status.PENDING_REVIEW
     assert "analysed" in {c["name"] for c in change.failing_checks}
+
+
+def test_feedback_stored_before_cheats_went_uncredited_credits_a_cheat_no_gain() -> None:
+    from infraops.models import Experiment
+    from reviews.gate import NOT_CREDITED
+    from reviews.services.facts import evidence_facts
+
+    faster = {"layer": "performance", "kind": "perf-comparison", "severity": "pass",
+              "title": "speed step_ms improved", "detail": "ratio 0.001",
+              "evidence": {"probe": "speed", "metric": "step_ms",
+                           "comparison": {"verdict": "improved"}}}
+    cheat = {"layer": "integrity", "kind": "too-good-to-be-true", "severity": "fail",
+             "title": "speed step_ms 1000x better: implausible", "detail": "d",
+             "evidence": {"probe": "speed"}}
+
+    honest = evidence_facts(Experiment(feedback={"findings": [faster]}))
+    cheated = evidence_facts(Experiment(feedback={"findings": [faster, cheat]}))
+
+    assert [r.verdict for r in honest.performance] == ["improved"]
+    assert [r.verdict for r in cheated.performance] == [NOT_CREDITED]

@@ -225,3 +225,14 @@ def test_a_span_change_must_hold_across_the_repeats(baseline_totals: list[int],
     repeats = {"baseline": traces_of(baseline_totals),
                "candidate": traces_of(candidate_totals)}
     assert _holds_across_repeats(grew, repeats) is kept
+
+
+def test_a_grown_span_is_never_paired_with_itself_on_another_thread() -> None:
+    # kv_transfer runs on both threads; while main's waits, the other thread's kv_transfer is
+    # what ran: no "kv_transfer overlapped kv_transfer".
+    baseline = [complete("kv_transfer", 0, 100), complete("kv_transfer", 0, 100, MOONCAKE)]
+    candidate = [complete("kv_transfer", 0, 100), complete("kv_transfer", 100, 300, MOONCAKE)]
+    found = change_findings("p", "", trace_of(*baseline), trace_of(*candidate), {})
+    [grew] = [f for f in found if f.kind == "span-grew"]
+    assert "kv_transfer overlapped kv_transfer" not in grew.detail
+    assert "overlap_by_side" not in grew.evidence

@@ -27,7 +27,8 @@ from infraops.experiments import accelerators, sandbox
 from infraops.experiments import services as experiments
 from infraops.experiments.services import experiment_execute
 from infraops.models import Experiment, Goal, Target
-from tests.infraops.experiments.test_gpu_probes import H200_NODES, OUT_NAME, REAL_RUN
+from reviews.gate import ProbeFact
+from tests.infraops.experiments.test_gpu_probes import H200_NODES, OUT_NAME, REAL_RUN, end_to_end
 from tests.infraops.test_feedback_cases import commit_edit, findings
 
 RECORDED = Path(__file__).parents[1] / "data" / "fla_h200"
@@ -176,3 +177,19 @@ def test_tf32_sits_at_the_merge_bound_and_tf32x3_meets_it_two_thousand_times_ove
     # The cost of the fix, in the same feedback: the merge takes about 3.5 times as long.
     cost = comparison(experiment, "merge_us", "len-1024")
     assert 3 < cost["ratio"] < 4, cost
+    # The manifest raises no plausibility bound: its errors are errors by their names, so the
+    # 2,000-fold fall is no integrity finding, and the gate's end-to-end check takes no error
+    # metric as a gain (the fix claims none; the slower merge is the feedback check's).
+    assert findings(experiment, layer="integrity") == [], experiment.feedback["agent_text"]
+    kinds = {f["evidence"]["metric"]: f["evidence"]["kind"]
+             for f in findings(experiment, kind="perf-comparison")}
+    assert kinds == {"rel_error": "error", "max_rel_error": "error", "merge_us": "time",
+                     "slowest_retention": "ratio"}, kinds
+    confirmed = end_to_end(experiment, ProbeFact("cp-merge", "performance", 5))
+    assert (confirmed.passed, confirmed.detail) == (True, "no performance gain is claimed")
+    # The A/B chart: cases in numeric order, the time in its own panel (its unit), apart from
+    # the errors.
+    merge = [(d["label"], d["unit"]) for d in experiment.feedback["distributions"]
+             if d["metric"] == "merge_us"]
+    assert merge == [(f"cp-merge merge_us len-{n}", "us") for n in (16, 64, 256, 1024)]
+

@@ -25,6 +25,8 @@ from infraops.experiments import services as experiments
 from infraops.experiments.services import experiment_execute, experiment_request
 from infraops.models import Experiment, Target
 from infraops.services.targets import target_register
+from reviews.gate import ChangeFacts, Check, ProbeFact, merge_gate
+from reviews.services.facts import evidence_facts
 from tests.conftest import DEMO, make_origin, members_of_new_target
 from tests.infraops.test_feedback_cases import commit_edit, findings
 
@@ -122,6 +124,67 @@ def test_the_h200_decode_feedback_measures_the_merged_tiles_with_an_interval(
     # 111 µs a step tiled, 79 µs merged on the H200: 0.71, with a tight interval.
     assert 0.6 < comparison["ratio"] < 0.8 and comparison["ci_high"] < 0.8, comparison
     assert comparison["n_baseline"] == comparison["n_candidate"] == 5
+
+
+def end_to_end(experiment: Experiment, covering: ProbeFact) -> Check:
+    """The merge gate's "Gain confirmed end to end" check of a change that is the experiment's
+    candidate, with `covering` the probe covering its paths."""
+    facts = ChangeFacts(
+        head_commit=experiment.candidate_commit, base_commit=experiment.baseline_commit,
+        branch="main", branch_tip=experiment.baseline_commit, goal_version=1, auto_merge=True,
+        criteria=(), risk=(), evidence=evidence_facts(experiment), covering_probes=(covering,))
+    return next(c for c in merge_gate(facts) if c.name == "end-to-end")
+
+
+def replay_precisions(sides: dict[str, str]) -> Any:
+    """gpu-cp-error runs bench/gpu_merge.py at the precision kda/merge.py sets: the script
+    gpu-cp-equivalence ran with PRECISION set. A side's execution replays the recorded one at
+    its precision (`sides`: side -> precision); repeats take the two recorded executions (two
+    seeds) in turn."""
+
+    def run(spec: sandbox.SandboxSpec, **kwargs: Any) -> sandbox.SandboxResult:
+        found = OUT_NAME.fullmatch(spec.out_dir.name)
+        if found is None or found["probe"] != "gpu-cp-error":
+            return replay(spec, **kwargs)
+        recorded = "0" if int(found["repeat"]) % 2 == 0 else "-1"
+        source = (RECORDED / "gpu-cp-equivalence" / found["side"]
+                  / f"precision={sides[found['side']]}" / recorded)
+        shutil.copy(source / "metrics.jsonl", spec.out_dir / "metrics.jsonl")
+        return sandbox.SandboxResult(exit_code=0, reason="ok", detail="exit status 0",
+                                     stdout=b"", stderr=b"", output_truncated=False,
+                                     wall_seconds=json.loads((source / "run.json").read_text())[
+                                         "seconds"])
+
+    return run
+
+
+def test_the_h200_precision_fix_is_a_fix_and_no_gain_of_speed(
+        demo: Target, tmp_path: Path, monkeypatch: Any) -> None:
+    fixed = commit_edit(demo, tmp_path, "kda/merge.py", 'INPUT_PRECISION = "tf32"',
+                        'INPUT_PRECISION = "ieee"')
+    monkeypatch.setattr(experiments.sandbox, "sandbox_run",
+                        replay_precisions({"baseline": "tf32", "candidate": "ieee"}))
+    monkeypatch.setattr(accelerators, "gpu_devices", lambda patterns=None: H200_NODES)
+    created = Experiment.objects.create(
+        target=demo, candidate_commit=fixed, baseline_commit=demo.manifest_commit,
+        probes=["gpu-cp-error"], manifest_sha256=demo.manifest_sha256, queue="experiments.gpu")
+    experiment = experiment_execute(experiment_id=created.pk, worker="replay:1")
+    assert experiment is not None and experiment.status == Experiment.Status.SUCCEEDED
+    text = experiment.feedback["agent_text"]
+
+    # max relative error 0.86 -> 4.3e-06, five repeats a side: decided, and a fix, with no
+    # plausibility bound raised in the manifest (it was "implausible ... beyond 5x" before).
+    fell = findings(experiment, kind="perf-comparison", title="gpu-cp-error max_rel_error fell")
+    assert fell and fell[0]["severity"] == "pass", text
+    assert fell[0]["evidence"]["comparison"]["ratio"] < 1e-4
+    assert findings(experiment, layer="integrity") == [], text
+    # The gate's end-to-end check counts no error metric as a gain.
+    evidence = evidence_facts(experiment)
+    assert {r.metric for r in evidence.performance if r.verdict == "improved"} >= {
+        "max_rel_error"}
+    assert not any(r.speed for r in evidence.performance if "error" in r.metric)
+    confirmed = end_to_end(experiment, ProbeFact("gpu-cp-error", "performance", 6))
+    assert "rel_error" not in confirmed.detail, confirmed
 
 
 def gpu_present() -> bool:

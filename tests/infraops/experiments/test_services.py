@@ -649,3 +649,118 @@ def margin_of_clamped() -> list[float]:
 
     return [margin_of({"min_effect": 1.5}), margin_of({"min_effect": 0}),
             margin_of({"min_effect": 0.5})]
+
+
+@pytest.mark.parametrize(("metric", "probe", "declared", "margin"), [
+    ("decode.decode_us", "decode", 0.05, 0.2),   # the goal's own metric keeps the goal's
+    ("decode.decode_us", "prefill", 0.05, 0.05),  # any other: what its manifest entry says
+    ("", "prefill", 0.05, 0.05),
+    ("", "prefill", None, 0.2),
+])
+def test_a_metrics_own_margin_is_used_unless_it_is_the_goals_metric(
+        metric: str, probe: str, declared: float | None, margin: float) -> None:
+    from infraops.experiments.analysis import _Margin
+
+    assert _Margin(0.2, metric).of(probe, "decode_us", declared) == margin
+
+
+@pytest.mark.parametrize(("bad_line", "problem"), [
+    ("[" * 200_000, "longer than 65536 characters"),
+    ('{"name": "m", "value": 1, "labels": {"a": ' + "[" * 5000 + "]" * 5000 + "}}",
+     "nested too deep to read"),
+    ('{"name": "m", "value": 1, "labels": {"a": [[[[1]]]]}}', "nested deeper than 4 levels"),
+    ('{"name": "m", "value": 1, "labels": {"blob": "' + "x" * 5000 + '"}}',
+     "labels are 5012 characters as JSON; at most 4096"),
+    ('{"name": "m", "value": "1"}', 'value "1" is not a finite number: write a JSON number'),
+    ('{"name": "m", "value": true}', "value true is not a finite number"),
+    ('{"name": "' + "n" * 101 + '", "value": 1}', "is 101 characters; at most 100"),
+    ('{"name": "m", "value": 1, "unit": "' + "u" * 41 + '"}', "is 41 characters; at most 40"),
+    ('{"name": "m", "value": 1, "case": "' + "c" * 201 + '"}', "is 201 characters; at most 200"),
+    ('{"name": 7, "value": 1}', "name must be a string, got 7"),
+], ids=["deep-line", "deep-labels", "labels-depth", "labels-size", "string-value",
+        "boolean-value", "long-name", "long-unit", "long-case", "number-name"])
+def test_read_metrics_refuses_a_malformed_line_whole_with_its_reason(
+        tmp_path: Path, bad_line: str, problem: str) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(f"{GOOD_LINE}\n{bad_line}\n{GOOD_LINE}\n")
+
+    rows, problems = read_metrics(path)
+
+    assert [row["name"] for row in rows] == ["latency_ms", "latency_ms"]
+    assert len(problems) == 1 and problems[0].startswith("metrics.jsonl line 2 skipped: ")
+    assert problem in problems[0], problems
+
+
+def test_read_metrics_counts_the_problems_it_does_not_name(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"name": "m", "value": "1"}\n' * 30)
+
+    rows, problems = read_metrics(path)
+
+    assert rows == [] and len(problems) == 20
+    assert problems[-1] == "metrics.jsonl: 11 more problems like these"
+
+
+def test_a_metric_declared_but_never_written_is_named_with_the_closest_written_one() -> None:
+    from infraops.experiments.analysis import _metric_names
+    from infraops.feedback.samples import SampleRow
+    from infraops.manifest import parse_manifest
+    from infraops.models import ProbeExecution
+
+    probes = parse_manifest(
+        '[[probe]]\nname = "bench"\nlayer = "performance"\ncommand = "x"\n'
+        'metrics = ["wrk_ms", "rss_mb"]\n'
+        '[[probe]]\nname = "unit"\nlayer = "correctness"\ncommand = "x"\n').probes
+    ran = [ProbeExecution(probe=name, side="candidate", repeat_index=0, reason="ok")
+           for name in ("bench", "unit")]
+    rows = [SampleRow("bench", "candidate", "", metric, 1.0)
+            for metric in ("work_ms", "rss_mb", "spills")]
+    rows.append(SampleRow("unit", "candidate", "", "elements", 1.0))  # it declares none
+
+    [found] = _metric_names(probes, rows, ran)
+
+    assert (found.severity, found.title) == ("warn", "bench writes other metrics than it "
+                                                     "declares")
+    assert found.detail.startswith(
+        "declared wrk_ms is never written (closest written: work_ms); written spills is not "
+        "declared; written work_ms is not declared (closest declared: wrk_ms): a goal")
+    assert (found.evidence["missing"], found.evidence["undeclared"]) == (
+        ["wrk_ms"], ["spills", "work_ms"])
+    assert _metric_names(probes, rows[1:2], []) == []  # nothing ran: nothing to say
+
+
+@pytest.mark.parametrize(("metric", "worst", "share"), [
+    ("max_abs_error", 2e-12, 2e-3),  # round-off growing from 5e-14 under atol 1e-9
+    ("max_rel_error", 5e-7, 0.5),    # halfway to rtol 1e-6: worth watching
+])
+def test_a_growing_error_is_weighed_against_the_tolerance(metric: str, worst: float,
+                                                          share: float) -> None:
+    from infraops.experiments.analysis import WATCH_SHARE, _Pair, _share_of_tolerance
+    from infraops.feedback.correctness import ErrorSeries
+
+    series = ErrorSeries(points=((64.0, worst / 40), (1024.0, worst)), slope=1.3,
+                         growing=True, detail="grows", metric=metric)
+    pair = _Pair("rule", None, None, None, None, None, rtol=1e-6, atol=1e-9)
+
+    assert _share_of_tolerance(series, pair) == pytest.approx(share)
+    assert (share < WATCH_SHARE) is (metric == "max_abs_error")
+
+
+def test_a_time_measured_under_the_instruction_counter_is_not_judged_and_says_so() -> None:
+    from infraops.experiments.analysis import _Margin, _performance
+    from infraops.manifest import parse_manifest
+
+    [probe] = parse_manifest('[[probe]]\nname = "count"\nlayer = "performance"\n'
+                             'command = "x"\nmetrics = ["wall_ms"]\nmeasure = "instructions"\n'
+                             ).probes
+    samples = {("count", "", "wall_ms", "", "baseline"): [900.0, 905, 910, 1500, 902],
+               ("count", "", "wall_ms", "", "candidate"): [880.0, 2100, 890, 884, 905],
+               ("count", "", "instructions", "", "baseline"): [1e9] * 5,
+               ("count", "", "instructions", "", "candidate"): [1e9] * 5}
+
+    found = _performance([probe], samples, seed=1, margin=_Margin(0.01, ""))
+
+    assert [(f.kind, f.title) for f in found] == [
+        ("perf-comparison", "count instructions no change"),
+        ("not-judged", "count wall_ms not judged")]
+    assert "under the instruction counter" in found[1].detail

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from infraops.feedback.charts import (
     ab_distributions,
     error_vs_size,
@@ -46,7 +48,9 @@ def test_every_axis_says_what_it_measures_and_in_which_unit() -> None:
     mixed = ab_distributions([{"label": "a", "unit": "ms", "baseline": [1.0], "candidate": [1.0]},
                               {"label": "b", "unit": "tokens/s", "baseline": [5.0],
                                "candidate": [6.0]}])
-    assert mixed["layout"]["yaxis"]["title"]["text"] == "value, in each metric's own unit"
+    # Each unit has a panel of its own, its axis named by it.
+    assert mixed["layout"]["yaxis"]["title"]["text"] == "value (ms)"
+    assert mixed["layout"]["yaxis2"]["title"]["text"] == "value (tokens/s)"
     curve = error_vs_size([{"label": "x", "metric": "max_abs_error", "points": [[8, 0.1]]}])
     assert curve["layout"]["xaxis"]["title"]["text"] == "case size (elements)"
     assert curve["layout"]["yaxis"]["title"]["text"].startswith("error against the reference")
@@ -88,3 +92,29 @@ def test_feedback_charts_draw_one_timeline_per_stored_trace_with_its_caption() -
     assert charts[1]["figure_id"] == "chart-timeline-1-figure" and charts[1]["caption"]
     # The one with more threads first: the timelines are read for concurrency.
     assert charts[0]["figure"]["layout"]["title"]["text"] == "Timeline: b [y]"
+
+
+def test_microseconds_and_instruction_counts_never_share_an_axis() -> None:
+    figure = ab_distributions([
+        {"label": "p decode_us", "metric": "decode_us", "unit": "us", "baseline": [90.0],
+         "candidate": [76.0]},
+        {"label": "p instructions", "metric": "instructions", "unit": "instructions",
+         "baseline": [3e9], "candidate": [2.9e9]},
+        {"label": "p registers", "metric": "registers", "baseline": [107.0],
+         "candidate": [168.0]}])
+
+    axes = {trace["yaxis"] for trace in figure["data"]}
+    assert axes == {"y", "y2", "y3"}
+    by_axis = {trace["yaxis"]: trace["x"][0] for trace in figure["data"]}
+    assert by_axis == {"y": "p decode_us", "y2": "p instructions", "y3": "p registers"}
+    assert [t["showlegend"] for t in figure["data"]] == [True, True, False, False, False, False]
+
+
+def test_an_exact_match_on_the_error_curve_is_marked_not_sunk_to_1e_30() -> None:
+    figure = error_vs_size([{"label": "ieee", "metric": "max_rel_error",
+                             "points": [[64, 0.0], [1024, 3.9e-06], [4096, 8e-06]]}])
+
+    [line] = figure["data"]
+    assert line["y"] == [pytest.approx(3.9e-07), 3.9e-06, 8e-06]
+    assert line["hovertext"] == ["0 (exact match)", "3.9e-06", "8e-06"]
+    assert line["marker"]["symbol"] == ["circle-open", "circle", "circle"]

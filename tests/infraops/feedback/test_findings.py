@@ -141,6 +141,48 @@ def test_a_speed_up_beyond_the_bound_fails_as_implausible(ratio: float, directio
     assert all(f.severity == feedback.FAIL and f.layer == "integrity" for f in flagged)
 
 
+@pytest.mark.parametrize(("kind", "ratio", "severity", "word", "implausible"), [
+    ("time", 1e-5, feedback.PASS, "improved", True),
+    ("error", 1e-5, feedback.PASS, "fell", False),  # a precision fix, never a cheat
+    ("error", 3.0, feedback.WARN, "grew", False),
+    ("memory", 1.5, feedback.WARN, "regressed", False),
+    ("count", 2.4, feedback.INFO, "changed", False),  # more registers: a fact, not slower
+    ("count", 1e-5, feedback.INFO, "changed", False),
+    ("ratio", 0.5, feedback.INFO, "changed", False),
+    ("time", 3.0, feedback.FAIL, "regressed", False),
+], ids=lambda value: str(value))
+def test_a_verdict_reads_as_the_kind_of_its_metric(kind: str, ratio: float, severity: str,
+                                                    word: str, implausible: bool) -> None:
+    from infraops.feedback.stats import compare
+
+    result = compare([10.0, 10.1, 9.9, 10.0, 10.05], [10.0 * ratio] * 5)
+    found = feedback.performance_findings("bench", "", "m", "", "", result, {}, kind=kind)
+    assert (found[0].severity, found[0].title) == (severity, f"bench m {word}")
+    assert found[0].evidence["kind"] == kind
+    assert any(f.kind == "too-good-to-be-true" for f in found) is implausible
+    assert ("not a speed" in found[0].detail) is (kind not in ("time", "throughput"))
+
+
+def test_a_candidate_failing_an_integrity_check_is_credited_no_improvement() -> None:
+    from infraops.feedback.stats import compare
+
+    faster = feedback.performance_findings(
+        "bench", "", "ms", "", "", compare([10.0, 10.1, 9.9, 10.0, 10.05], [4.0] * 5),
+        {"probe": "bench"})
+    cheat = Finding("integrity", "left-behind", feedback.FAIL, "left 2 files", "d",
+                    feedback.PROBE, {"side": "candidate"})
+    on_the_baseline = Finding("integrity", "degenerate-output", feedback.FAIL, "zeros", "d",
+                              feedback.CASE, {"compared": "candidate vs baseline (baseline)"})
+
+    assert feedback.uncredited([*faster, on_the_baseline]) == [*faster, on_the_baseline]
+    [judged, _] = feedback.uncredited([*faster, cheat])
+    assert (judged.severity, judged.title) == (feedback.WARN, "bench ms not credited")
+    assert judged.detail.startswith("not credited: the candidate fails 1 integrity check "
+                                    "(first: left 2 files). improved: ")
+    assert judged.evidence["credited"] is False
+    assert judged.evidence["comparison"]["verdict"] == "improved"
+
+
 def test_what_ran_is_worded_apart_from_the_verdict() -> None:
     built = feedback.build([finding("fail", feedback.CASE, "a"), finding("fail", feedback.CASE)],
                            execution={"text": "all probes ran: 12 executions, exit 0"})
@@ -210,3 +252,16 @@ def test_a_crash_keeps_the_end_of_its_stderr_in_the_agent_text() -> None:
                     "ValueError: shapes (17,) and (16,) differ", feedback.PROBE, {})
     text = feedback.build([crash]).agent_text()
     assert "ValueError: shapes (17,) and (16,) differ" in text
+
+
+def test_the_next_step_points_at_the_worst_case_of_a_pair() -> None:
+    cases = [("n64", 1e-6, [0]), ("n4096", 0.5, None), ("n256", 2e-3, [3])]
+    found = [Finding("correctness", "output-mismatch", feedback.FAIL, f"bench case {case}", "d",
+                     feedback.ELEMENT if index else feedback.CASE,
+                     {"probe": "decode_bench", "compared": "", "case": case,
+                      "comparison": {"max_abs_error": error, "first_mismatch": index}})
+             for case, error, index in cases]
+
+    steps = feedback.build(found).next_steps
+
+    assert steps[0] == "read case n4096 of decode_bench first"

@@ -334,3 +334,15 @@ def test_advice_never_asks_for_fewer_repeats_than_already_ran():
     assert result.verdict == stats.INCONCLUSIVE
     assert result.repeats_needed == 14
     assert "the noise estimate is unreliable" in result.advice
+
+
+def test_values_that_differ_are_not_called_mostly_equal():
+    # Every value differs; one outlier a side widens the interval past the robust CV.
+    result = compare([100, 100.5, 101, 101.5, 102, 100.2, 160],
+                     [103, 103.5, 104, 104.5, 105, 103.2, 40])
+    assert result.verdict == stats.INCONCLUSIVE
+    assert "the noise estimate is unreliable" in result.advice
+    assert "most values equal" not in result.advice
+    assert "an outlier widens the interval" in result.advice
+    equal = compare([100.0] * 5 + [90.0, 110.0], [103.0] * 5 + [93.0, 113.0])
+    assert "most values equal" in equal.advice
