@@ -9,6 +9,7 @@ processes, 256 MB, 64 MB): a CI run of the whole suite may share this machine.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -188,9 +189,14 @@ from infraops.experiments import sandbox
 from infraops.experiments.sandbox import cgroups
 cgroups._CGROUP_CONTROLLERS = ()  # a host with no usable control group
 work, out, wall, uids = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
-first, _, last = uids.partition("-")
-pool = range(int(first), int(last) + 1) if uids != "none" else range(0)
-with sandbox.sandbox_identity_lease(pool) as identity:
+import contextlib
+if uids.startswith("uid:"):  # one identity, shared with the victim: no lease
+    uid = int(uids.removeprefix("uid:"))
+    held = contextlib.nullcontext(sandbox.SandboxIdentity(uid=uid, gid=uid))
+else:
+    first, _, last = uids.partition("-")
+    held = sandbox.sandbox_identity_lease(range(int(first), int(last) + 1))
+with held as identity:
     for folder in (work, out):
         sandbox.sandbox_prepare_dir(folder, identity)
     print("UID", identity.uid, flush=True)
@@ -204,10 +210,14 @@ print(json.dumps({"reason": result.reason, "detail": result.detail}), flush=True
 """
 
 UID_POOL = range(1_900_001_000, 1_900_001_004)  # a range of its own: a CI run may lease too
+# The control's one uid, shared by its bomb and its victim and by nothing else: the machine's
+# sandbox user is shared by every sandbox the suite starts in its other processes, whose
+# processes would count against the bomb's limit (its bubblewrap then could not start).
+SHARED_CONTROL_UID = UID_POOL.stop + 2
 
 
 def _uids(pool: range) -> str:
-    return f"{pool.start}-{pool.stop - 1}" if pool else "none"
+    return f"{pool.start}-{pool.stop - 1}" if pool else f"uid:{SHARED_CONTROL_UID}"
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="only root can run sandboxes as other uids")
@@ -230,7 +240,9 @@ def test_without_control_groups_a_fork_bomb_fails_another_run_only_when_they_sha
         try:
             bomb_uid = int(service.stdout.readline().split()[1])
             assert service.stdout.readline().strip() == "FULL"
-            with sandbox.sandbox_identity_lease(pool) as identity:
+            shared = SandboxIdentity(uid=SHARED_CONTROL_UID, gid=SHARED_CONTROL_UID)
+            held = sandbox.sandbox_identity_lease(pool) if pool else contextlib.nullcontext(shared)
+            with held as identity:
                 sandbox_prepare_dir(dirs.work, identity)
                 sandbox_prepare_dir(dirs.out, identity)
                 victim = run(dirs, f"{PYTHON} victim.py", limits(processes=64),
@@ -246,7 +258,7 @@ def test_without_control_groups_a_fork_bomb_fails_another_run_only_when_they_sha
             assert (victim.reason, victim.exit_code) == ("ok", 0), victim.detail
             assert victim.stdout.split()[-1] == b"40"
         else:  # the control: one uid, one shared limit, the victim pays for the bomb
-            assert identity.uid == bomb_uid == sandbox_identity().uid
+            assert identity.uid == bomb_uid == SHARED_CONTROL_UID
             assert victim.reason == "process-limit", victim.detail
     finally:
         shutil.rmtree(bomb.base, ignore_errors=True)
