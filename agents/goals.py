@@ -10,6 +10,7 @@ from typing import Any
 from django.db.models import Count
 
 from agents.models import AgentRun
+from infraops.feedback.findings import about_baseline
 from infraops.models import Goal
 from reviews.models import Change
 
@@ -44,6 +45,20 @@ def _comparison(change: Change, probe: str, metric: str) -> dict[str, Any] | Non
     return None
 
 
+def credited(feedback: dict[str, Any] | None) -> bool:
+    """Whether an experiment's gain may count toward its goal: not when the candidate failed
+    an integrity check (a cheat's speed-up is the cheat's effect; the feedback then marks its
+    improvements ``credited: False``, infraops.feedback.findings.uncredited)."""
+    for finding in (feedback or {}).get("findings", []):
+        evidence = finding.get("evidence") or {}
+        if evidence.get("credited") is False:
+            return False
+        if (finding.get("layer") == "integrity" and finding.get("severity") == "fail"
+                and not about_baseline(evidence)):
+            return False
+    return True
+
+
 def evolution(goal: Goal) -> list[Point]:
     """The base, then each merged change of the goal in merge order, where its evidence
     measured the goal metric. Each change was measured against the base it merged onto, in its
@@ -52,6 +67,8 @@ def evolution(goal: Goal) -> list[Point]:
     changes = (Change.objects.filter(goal=goal, status=Change.Status.MERGED)
                .select_related("experiment").order_by("merged_at", "pk"))
     for change in changes:
+        if change.experiment is not None and not credited(change.experiment.feedback):
+            continue  # merged over an integrity failure: no point of the goal's progress
         found = _comparison(change, goal.probe, goal.metric)
         if not found or not found.get("baseline_median") or found.get("candidate_median") is None:
             continue
@@ -135,10 +152,12 @@ def goal_progress(target_ids: list[int] | None) -> list[Progress]:
         changes.values("goal_id", "status").annotate(n=Count("id"))
         .values_list("goal_id", "status", "n")}
     summaries: dict[int, list[dict[str, Any]]] = {}
-    for goal_id, summary in (changes.filter(status=Change.Status.MERGED)
+    for goal_id, summary, feedback in (changes.filter(status=Change.Status.MERGED)
                              .order_by("merged_at", "pk")
-                             .values_list("goal_id", "experiment__summary")):
-        summaries.setdefault(goal_id, []).append(summary or {})
+                             .values_list("goal_id", "experiment__summary",
+                                          "experiment__feedback")):
+        if credited(feedback):  # a cheat merged over its integrity failure moves nothing
+            summaries.setdefault(goal_id, []).append(summary or {})
     result = []
     for goal in goals:
         measured = [row for summary in summaries.get(goal.pk, [])

@@ -24,12 +24,14 @@ from tests.factories import AgentRunFactory, ChangeFactory, ExperimentFactory, U
 from tests.reviews.test_queue import TIMEOUT, run_async, session_headers
 
 
-def merged(goal: Goal, n: int, base: float, head: float) -> Change:
+def merged(goal: Goal, n: int, base: float, head: float,
+           findings: list[dict[str, Any]] | None = None) -> Change:
     summary = {"comparisons": [{"probe": goal.probe, "metric": goal.metric, "unit": "ms",
                                 "baseline_median": base, "candidate_median": head}]}
     experiment = ExperimentFactory.create(
         target=goal.target, candidate_commit=f"{n}" * 40, baseline_commit="a" * 40,
-        status=Experiment.Status.SUCCEEDED, summary=summary)
+        status=Experiment.Status.SUCCEEDED, summary=summary,
+        feedback={"findings": findings or []})
     return ChangeFactory.create(
         goal=goal, experiment=experiment, title=f"change {n}", base_commit="a" * 40,
         head_commit=f"{n}" * 40, diff="", status=Change.Status.MERGED,
@@ -55,6 +57,26 @@ def test_a_goal_shows_how_far_its_merged_changes_moved_the_metric(
     assert "15.0% better so far" in page and "(10 → 8.5 ms)" in page
     assert '<progress value="0.750" max="1"' in page and "1 active" in page
     assert f'<a href="/goals/{example_goal.pk}/">' in page
+
+
+@pytest.mark.django_db
+def test_a_cheat_merged_over_its_integrity_failure_is_no_progress_of_its_goal(
+        client: Client, engineer: User, example_goal: Goal) -> None:
+    from agents.goals import evolution
+
+    honest = merged(example_goal, 1, 10.0, 9.0)
+    # An all-zeros output, 1000x "faster": a reviewer merged it over the failing check.
+    merged(example_goal, 2, 9.0, 0.009, findings=[
+        {"layer": "integrity", "severity": "fail", "kind": "all-zeros",
+         "title": "latency-bench candidate output is all zeros", "evidence": {}}])
+
+    [progress] = goal_progress(None)
+
+    assert (progress.base, progress.head, progress.merged) == (10.0, 9.0, 2)
+    assert progress.gain == pytest.approx(0.1)
+    assert [point.change for point in evolution(example_goal)] == [None, honest.pk]
+    client.force_login(engineer)
+    assert "10.0% better so far" in client.get("/").content.decode()
 
 
 @pytest.mark.django_db
