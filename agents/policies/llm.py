@@ -22,6 +22,7 @@ What the model reads each turn, and its bound (tests/agents/test_llm_context.py)
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
@@ -159,32 +160,68 @@ def act(run: AgentRun, prepared: Prepared, thought: llm.LLMReply | Fault) -> Ste
     tokens, cost = spent(reply)
     run.tokens_used += tokens
     run.cost_usd += cost
+    usage = {"usage": {"prompt": reply.prompt_tokens, "completion": reply.completion_tokens,
+                       "cost_usd": reply.cost_usd}}
+    if reply.finish_reason == "length":
+        outcome = _cut(reply, prepared, usage)
+        outcome.pause = _watch_malformed(run, cut=True)
+    else:
+        outcome = _run_calls(run, prepared, reply, usage)
+    spent_budget = _budget_spent(run)
+    if spent_budget:
+        outcome.finish = Finish(AgentRun.Status.SUCCEEDED if run.changes.exists()
+                                else AgentRun.Status.FAILED, spent_budget)
+    return outcome
+
+
+def _run_calls(run: AgentRun, prepared: Prepared, reply: llm.LLMReply,
+               usage: dict[str, Any]) -> StepOutcome:
+    """A whole answer: its tool calls run, in order, under the boundary."""
     ctx = tools.ToolContext(worktree=ensure_worktree(run), policy=boundary(run),
                             base_commit=run.base_commit, run=run)
     calls = [_call(ctx, call) for call in reply.tool_calls]
     names = ", ".join(c.name for c in reply.tool_calls)
-    first_line = (reply.content or "").strip().splitlines()[0][:300] if reply.content else ""
-    assistant = {"role": "assistant", "content": reply.content,
-                 "tool_calls": [{"id": c.id, "type": "function",
-                                 "function": {"name": c.name,
-                                              "arguments": c.arguments[:ARGUMENTS_KEPT]}}
-                                for c in reply.tool_calls]}
+    assistant = _assistant_message(reply.content, [
+        {"id": c.id, "type": "function",
+         "function": {"name": c.name, "arguments": c.arguments[:ARGUMENTS_KEPT]}}
+        for c in reply.tool_calls])
     outcome = StepOutcome(
-        summary=first_line or f"called {names or 'no tool'}", tool=names, calls=calls,
-        record={"news": prepared.news, "assistant": assistant},
-        result={"usage": {"prompt": reply.prompt_tokens, "completion": reply.completion_tokens,
-                          "cost_usd": reply.cost_usd}},
+        summary=_first_line(reply.content) or f"called {names or 'no tool'}", tool=names,
+        calls=calls, record={"news": prepared.news, "assistant": assistant}, result=usage,
         verdict=_verdict(calls), experiment=ctx.effects.experiment,
         wait_for=ctx.effects.wait_for)
     if ctx.effects.finish is not None:
         status = AgentRun.Status.SUCCEEDED if run.changes.exists() else AgentRun.Status.FINISHED
         outcome.finish = Finish(status, f"the agent finished: {ctx.effects.finish}")
     outcome.pause = _watch_malformed(run, calls) or _watch_repeats(run, reply.tool_calls)
-    spent_budget = _budget_spent(run)
-    if spent_budget:
-        outcome.finish = Finish(AgentRun.Status.SUCCEEDED if run.changes.exists()
-                                else AgentRun.Status.FAILED, spent_budget)
     return outcome
+
+
+def _cut(reply: llm.LLMReply, prepared: Prepared, usage: dict[str, Any]) -> StepOutcome:
+    """An answer cut at the model's output limit (finish_reason "length"): its tool calls
+    are half-written, so none runs; the step counts (the budgets bound the asking again) and
+    the next turn tells the model why, as a malformed call would be told."""
+    names = ", ".join(c.name for c in reply.tool_calls) or "no tool call"
+    return StepOutcome(
+        summary=f"The model's answer was cut at its output limit ({names}); it is asked again.",
+        record={"news": prepared.news, "assistant": _assistant_message(reply.content, []),
+                "cut": names},
+        result=usage, verdict=f"answer cut at the output limit: {names} not run"[:300])
+
+
+def _assistant_message(content: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """The model's answer as a request carries it back: no null content and no empty
+    tool_calls, which OpenAI's API answers with 400 empty_array (tests/agents/openai_spec.py)."""
+    message: dict[str, Any] = {"role": "assistant"}
+    if content:
+        message["content"] = content
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _first_line(content: str | None) -> str:
+    return content.strip().splitlines()[0][:300] if content and content.strip() else ""
 
 
 def _fault(run: AgentRun, fault: Fault) -> StepOutcome:
@@ -304,15 +341,31 @@ def build_messages(run: AgentRun, spec: dict[str, Any]) -> list[dict[str, Any]]:
         cut += 1
 
 
+CUT_NOTE = ("Your previous answer was cut off at the output length limit (finish_reason "
+            "'length'), so its tool calls ({calls}) were not run. Answer again within the "
+            "limit: fewer, shorter calls (edit a few lines at a time).")
+NO_TOOL_NOTE = ("You called no tool: the work moves only through tool calls. Call the next "
+                "one, or finish with a summary.")
+
+
 def _replayed(step: Step) -> list[dict[str, Any]]:
-    assistant = step.arguments.get("assistant")
-    if not assistant:
+    """The step as the conversation carries it: its news, the model's answer (rebuilt, so a
+    step stored before empty arrays were dropped is sent as the spec says), each call's
+    result, and a note when the answer was cut or called nothing."""
+    stored = step.arguments.get("assistant")
+    if not stored:
         return []
-    messages = [*step.arguments.get("news", []), assistant]
+    calls = [] if step.arguments.get("cut") else stored.get("tool_calls") or []
+    assistant = _assistant_message(stored.get("content"), calls)
+    messages = [*step.arguments.get("news", []), *([assistant] if len(assistant) > 1 else [])]
     results = {c["id"]: c["content"] for c in step.calls}
-    for call in assistant.get("tool_calls", []):
+    for call in calls:
         content = results.get(call["id"], "(no result recorded)")
         messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
+    if step.arguments.get("cut"):
+        messages.append({"role": "user", "content": CUT_NOTE.format(calls=step.arguments["cut"])})
+    elif not calls:
+        messages.append({"role": "user", "content": NO_TOOL_NOTE})
     return messages
 
 
@@ -427,8 +480,12 @@ def _mark_delivered(run: AgentRun, marks: dict[str, list[int]]) -> None:
 
 # --- guards -------------------------------------------------------------------------------
 
-def _watch_malformed(run: AgentRun, calls: list[dict[str, Any]]) -> str | None:
-    run.malformed_in_row = run.malformed_in_row + 1 if any(c["malformed"] for c in calls) else 0
+def _watch_malformed(run: AgentRun, calls: Sequence[dict[str, Any]] = (), *,
+                     cut: bool = False) -> str | None:
+    """Malformed calls and answers cut at the output limit in a row: a model that keeps
+    failing to say a whole call is paused, not asked for ever."""
+    malformed = cut or any(c["malformed"] for c in calls)
+    run.malformed_in_row = run.malformed_in_row + 1 if malformed else 0
     if run.malformed_in_row >= MAX_MALFORMED_IN_ROW:
         return f"{MAX_MALFORMED_IN_ROW} malformed tool calls in a row: check the model and resume"
     return None
