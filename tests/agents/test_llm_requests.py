@@ -25,7 +25,7 @@ from agents.scripted.endpoint import (
 from agents.services import run_start
 from infraops.models import Goal, Target
 from tests.agents.openai_spec import request_problems
-from tests.agents.test_llm_runs import call, step
+from tests.agents.test_llm_runs import call, scripted_run
 from tests.agents.test_showcase import BY_THE_LLM, drive, goal
 
 CUT_EDIT = '{"path": "config/serving.toml", "old_text": "batch_size = 2", "new_te'
@@ -66,17 +66,6 @@ SCENARIOS: dict[str, list[StubReply]] = {
 }
 
 
-def run_scripted(stub: OpenAIStub, goal: Goal, engineer: User, replies: list[StubReply],
-                 capture: Any) -> AgentRun:
-    for reply in replies:
-        stub.push(reply)
-    with capture(execute=False):
-        run = run_start(goal=goal, user=engineer)
-        while stub.remaining and not run.is_finished:
-            run = step(run)
-    return run
-
-
 def problems_of(stub: OpenAIStub) -> dict[int, list[str]]:
     found = {number: request_problems(request.body)
              for number, request in enumerate(stub.requests, 1)}
@@ -88,7 +77,7 @@ def test_every_request_of_a_scripted_run_validates_against_openais_schema(
     scenario: str, stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
     django_capture_on_commit_callbacks: Any,
 ) -> None:
-    run = run_scripted(stub, llm_goal(), engineer, SCENARIOS[scenario],
+    run = scripted_run(stub, llm_goal(), engineer, SCENARIOS[scenario],
                        django_capture_on_commit_callbacks)
 
     assert stub.remaining == 0 and run.is_finished, (run.status, run.stop_reason)
@@ -113,7 +102,7 @@ def test_an_answer_without_tool_calls_goes_back_without_an_empty_tool_calls_arra
     stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
     django_capture_on_commit_callbacks: Any,
 ) -> None:
-    run_scripted(stub, llm_goal(), engineer, SCENARIOS["plain words, then tools"][:2],
+    scripted_run(stub, llm_goal(), engineer, SCENARIOS["plain words, then tools"][:2],
                  django_capture_on_commit_callbacks)
 
     second = stub.requests[1].body["messages"]
@@ -129,7 +118,7 @@ def test_an_answer_cut_at_the_length_limit_is_not_run_and_the_model_is_asked_aga
     stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
     django_capture_on_commit_callbacks: Any,
 ) -> None:
-    run = run_scripted(stub, llm_goal(), engineer,
+    run = scripted_run(stub, llm_goal(), engineer,
                        SCENARIOS["an answer cut at the length limit"][:2],
                        django_capture_on_commit_callbacks)
 
