@@ -17,8 +17,8 @@ whole run spends: bench/agent_context.py):
   experiments, tokens, minutes, cost) and one line per probe;
 - the hypothesis ledger (at most LEDGER_ENTRIES entries) and the run's current diff against
   the base (at most CONTEXT_DIFF_CHARS characters, cut with a note): the one diff of the
-  request, since replayed edit, revert and show_diff results leave theirs out while it is
-  whole;
+  request, since replayed edit, revert and show_diff results older than the last step leave
+  theirs out while it is whole (the last step's results are sent as they were);
 - one line per older step (at most SUMMARY_LINES): its tool and verdict, each call's path,
   probes or experiment with the refusal's reason or the error, and the experiment's status
   and verdict;
@@ -45,7 +45,14 @@ from agents import llm, tools
 from agents.events import run_event
 from agents.models import AgentRun, RunMessage, Step
 from agents.policies.outcome import Finish, StepOutcome, Wait
-from agents.policies.shared import boundary, ensure_worktree, experiment_text, pinned_manifest
+from agents.policies.shared import (
+    agent_finished,
+    boundary,
+    ensure_worktree,
+    experiment_text,
+    out_of_budget,
+    pinned_manifest,
+)
 from agents.tools import workspace
 from infraops.manifest import Manifest
 from infraops.models import Experiment
@@ -58,6 +65,7 @@ CONTEXT_DIFF_CHARS = 6_000
 MAX_CONTEXT_CHARS = 100_000
 MAX_MALFORMED_IN_ROW = 3
 REPEATS_BEFORE_STUCK = 3
+REFUSALS_BEFORE_STUCK = 4
 NO_PROGRESS_EXPERIMENTS = 5
 RETRY_FIRST_WAIT = 2.0  # seconds; doubled per attempt up to RETRY_LONGEST_WAIT
 RETRY_LONGEST_WAIT = 60.0
@@ -180,8 +188,7 @@ def act(run: AgentRun, prepared: Prepared, thought: llm.LLMReply | Fault) -> Ste
         outcome = _run_calls(run, prepared, reply, usage)
     spent_budget = _budget_spent(run)
     if spent_budget:
-        outcome.finish = Finish(AgentRun.Status.SUCCEEDED if run.changes.exists()
-                                else AgentRun.Status.FAILED, spent_budget)
+        outcome.finish = out_of_budget(run, spent_budget)
     return outcome
 
 
@@ -202,9 +209,9 @@ def _run_calls(run: AgentRun, prepared: Prepared, reply: llm.LLMReply,
         verdict=_verdict(calls), experiment=ctx.effects.experiment,
         wait_for=ctx.effects.wait_for)
     if ctx.effects.finish is not None:
-        status = AgentRun.Status.SUCCEEDED if run.changes.exists() else AgentRun.Status.FINISHED
-        outcome.finish = Finish(status, f"the agent finished: {ctx.effects.finish}")
-    outcome.pause = _watch_malformed(run, calls) or _watch_repeats(run, reply.tool_calls)
+        outcome.finish = agent_finished(run, ctx.effects.finish)
+    outcome.pause = (_watch_malformed(run, calls) or _watch_repeats(run, reply.tool_calls)
+                     or _watch_refusals(run, calls))
     return outcome
 
 
@@ -337,7 +344,10 @@ def build_messages(run: AgentRun, spec: dict[str, Any]) -> list[dict[str, Any]]:
     steps = list(run.steps.select_related("experiment").order_by("number"))
     cut = max(len(steps) - RECENT_STEPS, 0)
     while True:
-        recent = [m for step in steps[cut:] for m in _replayed(step, diff_shown=whole)]
+        # The last step's results go verbatim (the model reads what its calls just did);
+        # older ones leave their diff to the state message.
+        recent = [m for step in steps[cut:]
+                  for m in _replayed(step, diff_shown=whole and step is not steps[-1])]
         summary = _summary(steps[:cut])
         if cut >= len(steps) or _size([*head, *summary, *recent]) <= MAX_CONTEXT_CHARS:
             return [*head, *summary, *recent]
@@ -575,6 +585,19 @@ def _watch_repeats(run: AgentRun, calls: tuple[llm.ToolCall, ...]) -> str | None
     return None
 
 
+def _watch_refusals(run: AgentRun, calls: Sequence[dict[str, Any]]) -> str | None:
+    """Steps whose every call was refused, in a row: a model that keeps asking for what the
+    boundary or the evidence rules refuse is stuck, whatever it varies between tries."""
+    refused = bool(calls) and all(c["refusal"] for c in calls)
+    in_row = int(run.state.get("refused_in_row", 0)) + 1 if refused else 0
+    run.state["refused_in_row"] = in_row
+    if in_row >= REFUSALS_BEFORE_STUCK:
+        run.state["refused_in_row"] = 0  # Resume gives a fresh count
+        return (f"stuck: {in_row} steps in a row refused (last: "
+                f"{str(calls[-1]['refusal'])[:200]})")
+    return None
+
+
 def _budget_spent(run: AgentRun) -> str:
     boundary_spec = run.goal_version.spec["boundary"]
     if run.tokens_used >= boundary_spec["max_tokens"]:
@@ -602,8 +625,11 @@ def stuck(run: AgentRun) -> str:
 def progressed(experiment: Experiment, before: list[Experiment]) -> bool:
     """A performance win; a correctness fix (a check the baseline fails that the candidate
     passes: the "fixed" finding); or a criterion or correctness check that failed in the
-    run's previous experiment and no longer fails here, its probe having run."""
+    run's previous experiment and no longer fails here, its probe having run. Never a
+    candidate with a failing integrity finding, whatever else it shows."""
     findings = experiment.feedback.get("findings", [])
+    if any(f["severity"] == "fail" and f["layer"] == "integrity" for f in findings):
+        return False  # a cheating candidate (all zeros, hard-coded output) is never progress
     if any(f["severity"] == "pass" and (f["layer"] == "performance" or f["kind"] == "fixed")
            for f in findings):
         return True

@@ -296,6 +296,7 @@ def _compare_experiments(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         lines.append("Both ran the same candidate commit: differences are run-to-run noise.")
     rows, differ = _metric_rows(pair)
     lines += rows
+    differ += _checks_differ(pair)
     lines.append("Verdicts that differ: " + ("; ".join(differ) if differ else "none"))
     lines += _criteria_lines(pair)
     return ToolResult(True, "\n".join(lines), {
@@ -309,6 +310,22 @@ def _header(experiment: Experiment) -> str:
             f"{experiment.candidate_commit[:10]} vs baseline {experiment.baseline_commit[:10]}"
             f"; probes {', '.join(experiment.probes)}"
             + (f" (cells {variants})" if variants else "") + f"; verdict: {verdict}")
+
+
+def _failing_checks(experiment: Experiment) -> list[str]:
+    """The titles of the experiment's failing correctness and integrity findings."""
+    return [f["title"] for f in experiment.feedback.get("findings", [])
+            if f["layer"] in ("correctness", "integrity") and f["severity"] == "fail"]
+
+
+def _checks_differ(pair: tuple[Experiment, Experiment]) -> list[str]:
+    """The correctness and integrity checks that fail in one experiment and not the other:
+    a verdict as much as a metric's."""
+    first, second = (set(_failing_checks(e)) for e in pair)
+    return ([f"{title}: fails in #{pair[0].pk}, not in #{pair[1].pk}"
+             for title in sorted(first - second)]
+            + [f"{title}: fails in #{pair[1].pk}, not in #{pair[0].pk}"
+               for title in sorted(second - first)])
 
 
 def _comparisons(experiment: Experiment) -> dict[Key, dict[str, Any]]:

@@ -16,6 +16,7 @@ from agents.policies.shared import (
     Refusal,
     commit_worktree,
     experiment_text,
+    failing_checks,
     request_experiment,
     submit_change,
 )
@@ -184,6 +185,16 @@ def _submit_change(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     if experiment.status != Experiment.Status.SUCCEEDED:
         raise ToolError(f"experiment {experiment.pk} {experiment.status}; the evidence must be "
                         "a succeeded experiment", "Fix what failed and run a new experiment.")
+    findings = failing_checks(experiment)
+    if findings:
+        # A change its own evidence finds wrong or cheating is never submitted; the model
+        # reads which findings, fixes them and submits again with a new experiment.
+        reasons = (f"experiment {experiment.pk} has failing correctness or integrity "
+                   f"findings: {'; '.join(findings)[:1500]}")
+        return ToolResult(False, json.dumps({
+            "error": reasons, "tool": "submit_change",
+            "hint": "Fix what they find, run a new experiment, and submit with it."}),
+            {"error": reasons, "findings": findings}, refusal=reasons)
     head = commit_worktree(ctx.worktree, f"change: {args['title']}")
     if _tree(ctx, head) != _tree(ctx, experiment.candidate_commit):
         raise ToolError(f"your worktree differs from what experiment {experiment.pk} ran "

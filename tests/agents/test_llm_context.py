@@ -206,9 +206,11 @@ def test_each_diff_goes_out_once_per_request_and_old_steps_keep_paths_and_reason
 
     assert run.is_finished and stub.remaining == 0
 
-    fourth = json.dumps(stub.requests[3].body)  # the edit and show_diff replayed verbatim
-    assert fourth.count("+batch_size = 8") == 1
-    assert "Edited config/serving.toml" in fourth and policy.DIFF_SHOWN in fourth
+    # Request 5: the edit (step 2) and show_diff (step 3) are replayed, the last step's
+    # results as they were; the diff itself goes out once, in the state message.
+    fifth = json.dumps(stub.requests[4].body)
+    assert fifth.count("+batch_size = 8") == 1
+    assert "Edited config/serving.toml" in fifth and fifth.count(policy.DIFF_SHOWN) == 2
     last = stub.requests[-1].body["messages"]
     summary = next(m["content"] for m in last if "Earlier steps" in str(m["content"]))
     refused = summary.splitlines()[1]
