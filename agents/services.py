@@ -25,7 +25,7 @@ from agents.events import RUNS_GROUP, run_event
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
 from agents.policies.outcome import StepOutcome
 from agents.policies.registry import POLICIES
-from agents.policies.shared import remove_worktree
+from agents.policies.shared import out_of_budget, remove_worktree
 from infraops import gitops
 from infraops.access import has_target_role, target_roles
 from infraops.errors import DomainError
@@ -174,8 +174,8 @@ def _locked_for_step(run_id: int, number: int, *, checks: bool = True) -> AgentR
         return run
     stop = _budget_exhausted(run)
     if stop:
-        _finish(run, AgentRun.Status.SUCCEEDED if run.changes.exists()
-                else AgentRun.Status.FAILED, stop)
+        ended = out_of_budget(run, stop)
+        _finish(run, ended.status, ended.reason)
         return run
     stuck = POLICIES[run.policy].stuck(run)
     if stuck:

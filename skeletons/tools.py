@@ -48,12 +48,7 @@ FACT_EXPERIMENTS = 50  # the run's most recent finished experiments read for fac
 
 @tool(
     "skeleton_search",
-    "Search the skeleton library (reusable optimisation techniques distilled from hand-written "
-    "kernels and merged changes) for ones that fit a probe: each skeleton's conditions are "
-    "checked against the probe's metadata in infraops.toml and the bottlenecks your "
-    "experiments measured. Answers the skeletons no condition rules out, best first, with "
-    "the conditions met and those unknown, and each one's transformation, costs and record. "
-    "`probe` defaults to the goal's probe; `query` narrows by words.",
+    "Known techniques that fit a probe.",
     obj({
         "query": string("Words to look for in names, summaries and transformations.", 200),
         "probe": string("A probe name from list_probes; default: the goal's probe.", 200,
@@ -96,9 +91,7 @@ def _skeleton_search(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 @tool(
     "skeleton_apply",
-    "Record that you are applying a skeleton from skeleton_search to this run's code (then "
-    "make the edits yourself). The change you submit decides the outcome: merged with a "
-    "verified gain counts for the skeleton, rejected against it.",
+    "Say you apply a skeleton.",
     obj({
         "skeleton": string("The skeleton's slug, as skeleton_search shows it.", 80, minLength=1),
         "note": string("What you apply it to (file, function) and how you adapt it.", 2_000,

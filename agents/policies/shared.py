@@ -17,6 +17,7 @@ from django.db import transaction
 
 from agents.events import run_event
 from agents.models import AgentRun, Hypothesis
+from agents.policies.outcome import Finish
 from infraops import gitops
 from infraops.errors import DomainError
 from infraops.experiments.services import experiment_request, margin_metric_of, margin_of
@@ -143,6 +144,31 @@ class Refusal(DomainError):
     def __init__(self, reasons: Sequence[str]) -> None:
         self.reasons = list(reasons)
         super().__init__("; ".join(self.reasons))
+
+
+def out_of_budget(run: AgentRun, why: str) -> Finish:
+    """A run a budget stopped, in words: the change it submitted last (its best so far), or
+    that it submitted nothing."""
+    change = run.changes.order_by("-pk").first()
+    if change is None:
+        return Finish(AgentRun.Status.FAILED, f"{why}; nothing submitted")
+    return Finish(AgentRun.Status.SUCCEEDED, f"{why}; best so far submitted: change {change.pk}")
+
+
+def agent_finished(run: AgentRun, summary: str) -> Finish:
+    """The agent called finish: which change it submitted last, or that it submitted none."""
+    change = run.changes.order_by("-pk").first()
+    if change is None:
+        return Finish(AgentRun.Status.FINISHED, f"nothing submitted: {summary}")
+    return Finish(AgentRun.Status.SUCCEEDED, f"submitted change {change.pk}: {summary}")
+
+
+def failing_checks(experiment: Experiment) -> list[str]:
+    """Each failing correctness or integrity finding of the experiment, as 'title: detail':
+    what refuses it as a change's evidence and keeps it from counting as progress."""
+    return [f"{f['title']}: {str(f.get('detail', ''))[:200]}"
+            for f in experiment.feedback.get("findings", [])
+            if f["layer"] in ("correctness", "integrity") and f["severity"] == "fail"]
 
 
 def criteria_verdicts(experiment: Experiment) -> list[str]:

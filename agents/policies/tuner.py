@@ -371,7 +371,15 @@ def _submit(run: AgentRun, trials: list[dict[str, Any]], spec: dict[str, Any]) -
                              {"change": change.pk}),
                        record={"params": best["params"]}, result={"change": change.pk},
                        verdict=f"change {change.pk} {change.status}", experiment=experiment.pk,
-                       finish=Finish(AgentRun.Status.SUCCEEDED, f"submitted change {change.pk}"))
+                       finish=Finish(AgentRun.Status.SUCCEEDED, _submitted(run, change.pk)))
+
+
+def _submitted(run: AgentRun, change: int) -> str:
+    """The ending's words: a person's stop submits the best configuration so far."""
+    stopped_by = run.state.get("stopped_by")
+    if stopped_by:
+        return f"stopped by {stopped_by}, best so far submitted: change {change}"
+    return f"submitted change {change}"
 
 
 # --- people's messages ---------------------------------------------------------------------
@@ -385,6 +393,8 @@ def _read_messages(run: AgentRun, knobs: list[Knob]) -> None:
     """Turn people's new messages into the tuner's instructions; answer each on the page."""
     for message in RunMessage.objects.filter(run=run, delivered_at_step__isnull=True):
         answer = _understood(run, knobs, message.text)
+        if run.state.get("stop"):
+            run.state.setdefault("stopped_by", str(message.author))
         message.delivered_at_step = run.step_count + 1
         message.save(update_fields=["delivered_at_step"])
         run_event(run_id=run.pk, kind="status", data={"messages": [message.pk]},

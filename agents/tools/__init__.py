@@ -53,18 +53,31 @@ from agents.tools.base import (
     bounded,
     error_result,
 )
-from agents.tools.schema import parse_arguments, schema_hint, validate
+from agents.tools.schema import lean, parse_arguments, schema_hint, validate
 from infraops import gitops
 from infraops.errors import DomainError
 
 __all__ = ["MAX_RESULT_CHARS", "REGISTRY", "Effects", "Tool", "ToolContext", "ToolResult",
-           "tool_call", "tool_specs"]
+           "request_tools", "tool_call", "tool_specs"]
 
 
 def tool_specs() -> list[dict[str, Any]]:
     """Every registered tool's definition, as a request sends them. Read at call time: apps
     above this one register their tools when Django starts, after this module is imported."""
     return [entry.spec for entry in REGISTRY.values()]
+
+
+def request_tools() -> list[dict[str, Any]]:
+    """The tool definitions one request sends: each tool's one line and its schema without
+    what only the validation needs (``schema.lean``; a tool without arguments sends no
+    parameters). At most 5 KB on the wire for the whole set (tests/agents/test_tools.py)."""
+    definitions = []
+    for entry in REGISTRY.values():
+        function: dict[str, Any] = {"name": entry.name, "description": entry.description}
+        if entry.parameters.get("properties"):
+            function["parameters"] = lean(entry.parameters)
+        definitions.append({"type": "function", "function": function})
+    return definitions
 
 
 def tool_call(ctx: ToolContext, name: str, arguments: str) -> ToolResult:

@@ -69,7 +69,8 @@ class Tool:
 
     @property
     def spec(self) -> dict[str, Any]:
-        """The Chat Completions tool definition."""
+        """The Chat Completions tool definition with the whole schema tool_call validates
+        against (a request sends ``agents.tools.request_tools``, leaner)."""
         return {"type": "function", "function": {
             "name": self.name, "description": self.description, "parameters": self.parameters}}
 

@@ -132,10 +132,7 @@ def _more(count: int, shown: int, what: str) -> list[str]:
 
 @tool(
     "probe_error",
-    "Why a probe failed in one of your experiments: the probe, side, variant and repeat of "
-    "the first failed execution, its exit status and reason, the last ~4000 characters of "
-    "its stderr, and whether only the candidate fails or the baseline too. Name `probe` to "
-    "see that probe's failure.",
+    "Why a probe failed: exit, stderr tail.",
     obj({"experiment_id": _ID, "probe": _PROBE}, required=["experiment_id"]),
     untrusted=True, needs_run=True,
 )
@@ -229,9 +226,7 @@ def _reproduce(ctx: ToolContext, experiment: Experiment, execution: ProbeExecuti
 
 @tool(
     "list_probes",
-    "The probes of the run's manifest (as pinned at its base commit), cheapest first: name, "
-    "layer, cost, the paths they cover, their variant cells (what run_experiment's "
-    "`variants` takes), requirements and metrics.",
+    "Probes: cost, paths covered, variant cells, metrics.",
     obj({}),
     untrusted=True, needs_run=True,
 )
@@ -283,9 +278,7 @@ Key = tuple[str, str, str, str]  # probe, variant, metric, case
 
 @tool(
     "compare_experiments",
-    "Two of your experiments side by side: commits, status, per probe.metric each one's "
-    "candidate median and its ratio to the baseline, the verdicts that differ, and each "
-    "one's criteria verdicts.",
+    "Two experiments side by side.",
     obj({"first_id": integer("One experiment's id.", 1, MAX_ID),
          "second_id": integer("The other experiment's id.", 1, MAX_ID)},
         required=["first_id", "second_id"]),
@@ -303,6 +296,7 @@ def _compare_experiments(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
         lines.append("Both ran the same candidate commit: differences are run-to-run noise.")
     rows, differ = _metric_rows(pair)
     lines += rows
+    differ += _checks_differ(pair)
     lines.append("Verdicts that differ: " + ("; ".join(differ) if differ else "none"))
     lines += _criteria_lines(pair)
     return ToolResult(True, "\n".join(lines), {
@@ -316,6 +310,22 @@ def _header(experiment: Experiment) -> str:
             f"{experiment.candidate_commit[:10]} vs baseline {experiment.baseline_commit[:10]}"
             f"; probes {', '.join(experiment.probes)}"
             + (f" (cells {variants})" if variants else "") + f"; verdict: {verdict}")
+
+
+def _failing_checks(experiment: Experiment) -> list[str]:
+    """The titles of the experiment's failing correctness and integrity findings."""
+    return [f["title"] for f in experiment.feedback.get("findings", [])
+            if f["layer"] in ("correctness", "integrity") and f["severity"] == "fail"]
+
+
+def _checks_differ(pair: tuple[Experiment, Experiment]) -> list[str]:
+    """The correctness and integrity checks that fail in one experiment and not the other:
+    a verdict as much as a metric's."""
+    first, second = (set(_failing_checks(e)) for e in pair)
+    return ([f"{title}: fails in #{pair[0].pk}, not in #{pair[1].pk}"
+             for title in sorted(first - second)]
+            + [f"{title}: fails in #{pair[1].pk}, not in #{pair[0].pk}"
+               for title in sorted(second - first)])
 
 
 def _comparisons(experiment: Experiment) -> dict[Key, dict[str, Any]]:
@@ -420,10 +430,7 @@ class _Compared:
 
 @tool(
     "case_detail",
-    "Per-case numbers of a correctness probe in one of your experiments: for each case (or "
-    "the one named) and each comparison (candidate vs baseline, variant rules), the max "
-    "absolute and relative error, the tolerance, pass or fail, and for a mismatch the first "
-    "mismatching index with the reference and candidate values there.",
+    "A correctness probe's errors per case.",
     obj({"experiment_id": _ID, "probe": _PROBE,
          "case": string("One case (an output's name without .npy/.json).", 200, minLength=1)},
         required=["experiment_id", "probe"]),
@@ -658,10 +665,7 @@ def _recompute(entry: _Compared, case: str, rtol: float, atol: float) -> dict[st
 
 @tool(
     "span_summary",
-    "One span of the probes' traces (trace.json) in one of your experiments: its count, "
-    "total and mean duration on the candidate and the baseline, which other spans overlap "
-    "it, what ran while its thread sat idle, and the findings about it. `span` is a name or "
-    "a glob ('gil_wait*'); name `probe` to read only its traces.",
+    "A traced span's timing and overlaps.",
     obj({"experiment_id": _ID,
          "span": string("A span name or glob, as in trace.json.", 200, minLength=1),
          "probe": _PROBE},

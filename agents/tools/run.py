@@ -16,6 +16,7 @@ from agents.policies.shared import (
     Refusal,
     commit_worktree,
     experiment_text,
+    failing_checks,
     request_experiment,
     submit_change,
 )
@@ -53,10 +54,8 @@ _VARIANTS = {
 
 @tool(
     "run_experiment",
-    "Run the current worktree against the base commit: your edits are committed first. "
-    "Without `probes`, the probes covering the changed files run; name probes (and variant "
-    "cells) to ask the cheapest question first. Returns the experiment's id; its feedback "
-    "arrives at your next step.",
+    "Commit your edits; run probes (default: those covering them) vs the base. "
+    "variants: {probe: [cells]}.",
     obj({
         "probes": {"type": "array", "description": "Probe names from infraops.toml.",
                    "items": string("A probe name.", 200, minLength=1), "maxItems": 50},
@@ -85,7 +84,7 @@ def _run_experiment(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 @tool(
     "inspect_experiment",
-    "Show an experiment's status, results and feedback.",
+    "An experiment's status and feedback.",
     obj({"experiment_id": integer("The experiment's id.", 1, MAX_ID)},
         required=["experiment_id"]),
     untrusted=True, needs_run=True,
@@ -100,7 +99,7 @@ def _inspect_experiment(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 @tool(
     "record_hypothesis",
-    "Record a hypothesis in the run's ledger, or update one (give hypothesis_id).",
+    "Add a ledger entry, or update one (hypothesis_id).",
     obj({
         "title": string("One line.", 200, minLength=1),
         "rationale": string("Why you believe it, and how you will test it.", 4_000,
@@ -126,14 +125,24 @@ def _record_hypothesis(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
                                        rationale=args["rationale"], status=args["status"]).pk
     run_event(run_id=run.pk, kind="step", message=f"Hypothesis {pk}: {args['title']} "
               f"({args['status']})", data={"ledger": True})
+    if args["status"] == "open" and not _on_hypothesis_branch(run):
+        # The experiments that follow test it: the ledger lists them as its evidence.
+        run.state["hypothesis"] = pk
+        return ToolResult(True, f"Hypothesis {pk} recorded; your next experiments test it.",
+                          {"hypothesis": pk})
     return ToolResult(True, f"Hypothesis {pk} recorded.", {"hypothesis": pk})
+
+
+def _on_hypothesis_branch(run: AgentRun) -> bool:
+    """Whether switch_hypothesis put the run on a hypothesis's own branch (whose
+    experiments stay that hypothesis's)."""
+    current = run.state.get("hypothesis")
+    return bool(current) and run.branch.endswith(f"-h{current}")
 
 
 @tool(
     "switch_hypothesis",
-    "Work on a hypothesis's own git branch. Your current edits are committed on the branch "
-    "you are on; the worktree then holds the hypothesis's branch (made from the base commit "
-    "the first time), so the edits and experiments of different hypotheses never mix.",
+    "Work on a hypothesis's own branch.",
     obj({"hypothesis_id": integer("The ledger id from record_hypothesis.", 1, MAX_ID)},
         required=["hypothesis_id"]),
     needs_run=True,
@@ -162,9 +171,7 @@ def _switch_hypothesis(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 @tool(
     "submit_change",
-    "Submit your worktree's diff against the base for review, with the hypothesis it tests "
-    "and the experiment that is its evidence: that experiment must have run on exactly this "
-    "diff (edit after it, and you need a new experiment).",
+    "Submit your diff for review; evidence: an experiment on exactly this diff.",
     obj({
         "title": string("One line.", 200, minLength=1),
         "hypothesis": string("What the change does and why it helps.", 4_000, minLength=1),
@@ -178,6 +185,16 @@ def _submit_change(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     if experiment.status != Experiment.Status.SUCCEEDED:
         raise ToolError(f"experiment {experiment.pk} {experiment.status}; the evidence must be "
                         "a succeeded experiment", "Fix what failed and run a new experiment.")
+    findings = failing_checks(experiment)
+    if findings:
+        # A change its own evidence finds wrong or cheating is never submitted; the model
+        # reads which findings, fixes them and submits again with a new experiment.
+        reasons = (f"experiment {experiment.pk} has failing correctness or integrity "
+                   f"findings: {'; '.join(findings)[:1500]}")
+        return ToolResult(False, json.dumps({
+            "error": reasons, "tool": "submit_change",
+            "hint": "Fix what they find, run a new experiment, and submit with it."}),
+            {"error": reasons, "findings": findings}, refusal=reasons)
     head = commit_worktree(ctx.worktree, f"change: {args['title']}")
     if _tree(ctx, head) != _tree(ctx, experiment.candidate_commit):
         raise ToolError(f"your worktree differs from what experiment {experiment.pk} ran "
@@ -201,7 +218,7 @@ def _tree(ctx: ToolContext, commit: str) -> str:
 
 @tool(
     "finish",
-    "End the run with a summary of what was tried, learned and submitted.",
+    "End the run with a summary.",
     obj({"summary": string("The summary.", 4_000, minLength=1)}, required=["summary"]),
     needs_run=True,
 )

@@ -32,6 +32,31 @@ MAX_LINE = 100_000_000
 PATH = string("Repository-relative path, '/'-separated.", 1_000, minLength=1)
 
 
+# Keywords only the validation needs: tool_call enforces them whatever the model sends, so a
+# request leaves them out (with every argument's description: the tool's one line and the
+# names say it). Measured on the 20 tools: 13.6 KB of definitions on the wire became 4.9 KB.
+VALIDATION_ONLY = frozenset({"maxLength", "minLength", "minimum", "maximum", "maxItems",
+                             "default", "description"})
+
+
+def lean(schema: Any) -> Any:
+    """``schema`` as a request sends it: no :data:`VALIDATION_ONLY` keyword, no
+    ``additionalProperties: false`` and no empty ``required`` (an empty array some servers
+    refuse). A property that is itself named like a keyword is kept."""
+    if isinstance(schema, list):
+        return [lean(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    kept = {}
+    for key, value in schema.items():
+        if key == "properties":
+            kept[key] = {name: lean(sub) for name, sub in value.items()}
+        elif not (key in VALIDATION_ONLY or (key == "additionalProperties" and value is False)
+                  or (key == "required" and not value)):
+            kept[key] = lean(value)
+    return kept
+
+
 # --------------------------------------------------------------------------- validation
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
 
+from agents.scripted.demo import DemoModel
 from agents.scripted.endpoint import OpenAIStub
 from infraops.models import Goal, Target
 from tests.factories import LATENCY_CRITERION, GoalFactory
@@ -36,3 +39,20 @@ def llm_goal(example_target: Target, engineer: User) -> Callable[..., Goal]:
             snapshot_by=engineer)
 
     return make
+
+
+@pytest.fixture
+def demo(engineer: User) -> Target:
+    """examples/demo-kernels loaded with its goals (one per case of docs/product.md)."""
+    call_command("load_example", "demo-kernels", stdout=StringIO())
+    return Target.objects.get(name="demo-kernels")
+
+
+@pytest.fixture
+def demo_model(settings: Any) -> Iterator[OpenAIStub]:
+    """The demo's scripted model (agents/scripted/demo.py) as the run's endpoint."""
+    with OpenAIStub(fallback=DemoModel()) as endpoint:
+        settings.OPENAI_BASE_URL = endpoint.base_url
+        settings.OPENAI_API_KEY = "demo"
+        settings.INFRAOPS_MODEL = "infraops-demo"
+        yield endpoint

@@ -22,7 +22,7 @@ from infraops.experiments.services import experiment_execute, experiment_request
 from infraops.models import Experiment, Goal, Target
 from infraops.services.targets import target_register
 from tests.conftest import make_origin, members_of_new_target
-from tests.factories import AgentRunFactory, GoalFactory
+from tests.factories import AgentRunFactory, ExperimentFactory, GoalFactory
 
 TOOLS = ("probe_error", "list_probes", "compare_experiments", "case_detail", "span_summary")
 
@@ -466,3 +466,23 @@ def test_span_summary_takes_a_glob_and_names_the_spans_it_has(
     assert untraced["error"] == (f"no trace.json stored for squares in experiment "
                                  f"{experiment.pk}")
     assert untraced["hint"] == "Probes with traces here: pipeline."
+
+
+def test_compare_experiments_names_the_correctness_verdicts_that_differ(
+    run: AgentRun, ctx: ToolContext,
+) -> None:
+    failing = [{"layer": "correctness", "kind": "output-mismatch", "severity": "fail",
+                "title": f"squares [dtype=fp16] case c{n} mismatch", "detail": "max abs 1.0",
+                "evidence": {}} for n in range(5)]
+    broken, fixed = (ExperimentFactory.create(
+        target=run.target, status=Experiment.Status.SUCCEEDED, feedback={"findings": found})
+        for found in (failing, []))
+    run.experiments.add(broken, fixed)
+
+    result = call(ctx, "compare_experiments", first_id=broken.pk, second_id=fixed.pk)
+
+    assert result.ok, result.content
+    assert "Verdicts that differ: none" not in result.content
+    assert len(result.data["verdicts_differ"]) == 5
+    assert (f"squares [dtype=fp16] case c0 mismatch: fails in #{broken.pk}, not in "
+            f"#{fixed.pk}") in result.content

@@ -17,7 +17,13 @@ from django.test import Client
 
 from agents.consumers import RunConsumer
 from agents.models import AgentRun, Hypothesis, RunMessage
-from agents.scripted.endpoint import OpenAIStub, completion, malformed, rate_limited
+from agents.scripted.endpoint import (
+    OpenAIStub,
+    StubReply,
+    completion,
+    malformed,
+    rate_limited,
+)
 from agents.services import hypothesis_add, run_message_add, run_start, run_step
 from infraops import gitops
 from infraops.experiments.services import experiment_execute
@@ -43,6 +49,20 @@ def step(run: AgentRun) -> AgentRun:
 
         run_wake(experiment_id=waiting)
         run.refresh_from_db()
+    return run
+
+
+def scripted_run(stub: OpenAIStub, goal: Goal, user: User, replies: list[StubReply],
+                 capture: Any) -> AgentRun:
+    """A run of `goal` answered by `replies`, stepped until they are used up or it ends."""
+    for reply in replies:
+        stub.push(reply)
+    with capture(execute=False):
+        run = run_start(goal=goal, user=user)
+        for _ in replies:
+            if not stub.remaining or run.is_finished or run.status == AgentRun.Status.PAUSED:
+                break
+            run = step(run)
     return run
 
 

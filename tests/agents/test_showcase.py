@@ -5,7 +5,6 @@ one task at a time, as the workers would run them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from io import StringIO
 from typing import Any
 
@@ -15,7 +14,6 @@ from django.core.management import CommandError, call_command
 
 from agents.models import AgentRun
 from agents.policies.tuner import turnable
-from agents.scripted.demo import DemoModel
 from agents.scripted.endpoint import OpenAIStub
 from agents.services import run_start
 from infraops.models import Goal, Target
@@ -30,12 +28,6 @@ NUMERICS, CONCURRENCY, PERFORMANCE, BY_THE_LLM, ON_THE_GPU = (
     "Performance: a faster decode step",
     "Numerics, by the LLM agent: the parallel merge matches the sequential path",
     "Numerics on the GPU: the Triton merge stays close to float64")
-
-
-@pytest.fixture
-def demo(engineer: User) -> Target:
-    call_command("load_example", "demo-kernels", stdout=StringIO())
-    return Target.objects.get(name="demo-kernels")
 
 
 def goal(target: Target, name: str) -> Goal:
@@ -119,15 +111,6 @@ def test_the_tuner_finds_the_merge_precision_and_the_change_waits_for_a_numerics
     # The error fell by orders of magnitude: from about 3e-2 at 4096 merges to under 1e-4.
     trials = {t["params"]["input_precision"]: t for t in run.state["trials"]}
     assert trials["tf32x3"]["candidate"] < 1e-4 < trials["tf32x3"]["baseline"], trials
-
-
-@pytest.fixture
-def demo_model(settings: Any) -> Iterator[OpenAIStub]:
-    with OpenAIStub(fallback=DemoModel()) as endpoint:
-        settings.OPENAI_BASE_URL = endpoint.base_url
-        settings.OPENAI_API_KEY = "demo"
-        settings.INFRAOPS_MODEL = "infraops-demo"
-        yield endpoint
 
 
 def test_the_demo_model_fixes_the_precision_from_the_feedback(

@@ -21,6 +21,7 @@ from agents.tools import (
     REGISTRY,
     ToolContext,
     ToolResult,
+    request_tools,
     tool_call,
     tool_specs,
 )
@@ -727,3 +728,19 @@ def test_a_well_formed_call_with_a_bad_path_is_not_counted_as_malformed(ctx: Too
 
     assert not result.ok
     assert not _malformed(ToolCall(id="c", name="read_file", arguments=arguments), result)
+
+
+def test_the_definitions_a_request_sends_fit_in_5_kb_and_keep_every_argument() -> None:
+    sent = request_tools()
+    wire = json.dumps(sent, separators=(",", ":"), ensure_ascii=False).encode()
+
+    assert len(wire) <= 5_000, len(wire)  # as the client sends them; 13,594 before issue 25
+    full = {spec["function"]["name"]: spec["function"] for spec in tool_specs()}
+    assert [s["function"]["name"] for s in sent] == list(full)
+    for definition in sent:
+        function = definition["function"]
+        parameters = function.get("parameters", {"properties": {}})
+        whole = full[function["name"]]["parameters"]
+        assert function["description"] == full[function["name"]]["description"]
+        assert set(parameters["properties"]) == set(whole["properties"])
+        assert set(parameters.get("required", [])) == set(whole["required"])

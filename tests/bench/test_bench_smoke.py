@@ -60,6 +60,7 @@ class Smoke:
 
 
 SMOKE: dict[str, Smoke] = {
+    "agent_context.py": Smoke(("--smoke", "--database", DATABASE), "own"),
     "experiments.py": Smoke(("--smoke", "--database", DATABASE), "own", e2e=True,
                             why_e2e="a real Celery worker"),
     "faults.py": Smoke(("--smoke",), "pytest", e2e=True, timeout=420,

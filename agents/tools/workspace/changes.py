@@ -67,10 +67,7 @@ _FILE_MODES = frozenset({0o100644, _EXECUTABLE})
 
 @tool(
     "show_diff",
-    "Show the run's whole diff so far: the worktree against the base commit (edits, new and "
-    "deleted files), after a summary of the files changed and the lines added and removed. "
-    "`path` limits it to one file (or folder). A long diff is cut; the result says where and "
-    "how long the whole diff is.",
+    "Your diff against the base.",
     obj({"path": string("Only this file or folder, repository-relative.", 1_000,
                         minLength=1)}),
     untrusted=True,
@@ -161,10 +158,7 @@ def _fitting(lines: Sequence[str], budget: int) -> list[str]:
 
 @tool(
     "revert",
-    "Undo changes. With `path`: put that file back as it is at the base commit (a file the "
-    "run created is deleted, one it deleted comes back). With `last_edit: true` (or no "
-    "arguments): undo the last successful edit_file, apply_diff or revert of a file; only "
-    "one level of undo is kept. Says what changed.",
+    "Undo a file's edits, or the last edit.",
     obj({
         "path": string("File to put back as it is at the base commit.", 1_000, minLength=1),
         "last_edit": {"type": "boolean", "description": "Undo the last successful edit_file, "

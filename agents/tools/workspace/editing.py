@@ -47,11 +47,7 @@ from reviews.diff_policy import Violation, check_diff, path_violations
 
 @tool(
     "edit_file",
-    "Replace the one exact occurrence of old_text with new_text in a file. With old_text "
-    "'' a new file is created. Edits must stay inside the editable paths, off protected "
-    "paths, free of forbidden patterns and within the run's diff-size cap; a refused edit "
-    "writes nothing and says why. A Python file's syntax is checked after the write (an "
-    "error is reported; the edit stays). revert with last_edit undoes it.",
+    "Replace old_text (once in the file) with new_text; '' creates.",
     obj({
         "path": PATH,
         "old_text": string("Exact text to replace; it must occur exactly once. '' to "
@@ -146,10 +142,7 @@ def _base_text(ctx: ToolContext, root: Path, rel: str) -> str | None:
 
 @tool(
     "apply_diff",
-    "Apply a unified diff (git style, a/ and b/ prefixes) to the worktree. It is checked "
-    "against the run's boundaries first and applied all or nothing; no symlinks, binary "
-    "patches, renames or copies. Python files it writes are syntax-checked (errors are "
-    "reported; the diff stays applied). revert with last_edit undoes it.",
+    "Apply a unified diff.",
     obj({"diff": string("The unified diff.", 500_000, minLength=1)},
             required=["diff"]),
     untrusted=True,  # the result echoes repository text (a syntax error's line)

@@ -25,9 +25,7 @@ DEFAULT_READ_LINES = 400
 
 @tool(
     "list_files",
-    "List the repository's files (tracked and new, not ignored; never .git) under a folder, "
-    f"filtered by a glob relative to that folder ('**' any depth). At most "
-    f"{MAX_LIST_ENTRIES} entries.",
+    "List files under a folder (glob).",
     obj({
         "path": string("Folder to list, repository-relative; '' for the root.", 1_000,
                         default=""),
@@ -55,8 +53,7 @@ def _list_files(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
 
 @tool(
     "read_file",
-    "Read a text file's lines with line numbers (default: 400 lines from start_line). "
-    "Long output is cut; the result says where to continue.",
+    "Numbered lines of a file.",
     obj({
         "path": PATH,
         "start_line": integer("First line, 1-based.", 1, MAX_LINE, default=1),

@@ -36,10 +36,7 @@ _SHOWN_MATCH_CHARS = 300
 
 @tool(
     "search_code",
-    "Search the repository's text files with a Python regular expression (at most "
-    f"{MAX_PATTERN_CHARS} characters; no backreferences, no quantifier or alternation "
-    "inside a repeated group). Returns 'path:line: text' for each match, at most "
-    f"{SEARCH_MAX_MATCHES}.",
+    "Regex search: path:line: text.",
     obj({
         "pattern": string("Regular expression (Python syntax).", MAX_PATTERN_CHARS,
                            minLength=1),
