@@ -393,6 +393,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First: a database that does not answer gives the 503 page, whichever layer met it.
     "infraops.project.middleware.DatabaseUnavailableMiddleware",
+    # Before anything reads a form body: one Django cannot read gives its 400 page, not a 500.
+    "infraops.project.middleware.FormEncodingMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
