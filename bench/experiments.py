@@ -97,7 +97,8 @@ def make_target(data: Path, size: Size):  # type: ignore[no-untyped-def]
     (source / "infraops.toml").write_text(manifest)
     origin = data / "origin.git"
     gitops.repo_init_from_dir(source, origin, branch="main", message="bench")
-    return target_register(name="bench", repo_url=str(origin), base_branch="main")
+    return target_register(name="bench", repo_url=str(origin), base_branch="main",
+                           trusted_roots=[data])
 
 
 def candidate(target, n: int) -> str:  # type: ignore[no-untyped-def]

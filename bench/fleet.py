@@ -285,7 +285,8 @@ def make_target(fleet: Fleet):  # type: ignore[no-untyped-def]
     (source / "infraops.toml").write_text(manifest)
     origin = fleet.web_data / "origin.git"
     gitops.repo_init_from_dir(source, origin, branch="main", message="fleet bench")
-    return target_register(name="fleet-bench", repo_url=str(origin), base_branch="main")
+    return target_register(name="fleet-bench", repo_url=str(origin), base_branch="main",
+                           trusted_roots=[origin.parent])
 
 
 def candidate(target, n: int) -> str:  # type: ignore[no-untyped-def]

@@ -176,7 +176,8 @@ def make_target(name: str, *, repeat: int = 5) -> Target:
     source = write_source(root / "src", repeat=repeat)
     origin = root / "origin.git"
     gitops.repo_init_from_dir(source, origin, branch="main", message="instruction-count target")
-    return target_register(name=name, repo_url=str(origin), base_branch="main")
+    return target_register(name=name, repo_url=str(origin), base_branch="main",
+                           trusted_roots=[root])
 
 
 def commit_change(target: Target, parent: str, edits: dict[str, Edit],

@@ -90,7 +90,7 @@ def make_run(work: Path) -> tuple[AgentRun, User]:
     # The engineer joins the target (as load_example makes its users): sockets are per target.
     target = members_of_new_target(target_register(
         name=f"bench-live-{suffix}", repo_url=str(make_origin(work)), base_branch="main",
-        push_on_merge=False))
+        push_on_merge=False, trusted_roots=[work]))
     goal = Goal.objects.create(target=target, name="latency", probe="latency-bench",
                                metric="latency_ms", direction="minimize", relative_target=0.1,
                                owner=engineer)

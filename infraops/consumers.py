@@ -40,6 +40,8 @@ from django.contrib.auth.models import User
 from django.template.loader import render_to_string
 from django.utils.crypto import constant_time_compare
 from django.utils.html import format_html
+from uvicorn.protocols.utils import ClientDisconnected
+from websockets.exceptions import ConnectionClosed
 
 from infraops.access import has_any_access, scoped
 from infraops.experiments.results import experiment_group
@@ -62,6 +64,14 @@ CLOSE_SERVER_ERROR = 1011  # RFC 6455: the server met a condition it could not h
 
 def _frame_bytes(text: str) -> int:
     return len(text.encode(errors="surrogatepass"))
+
+
+def client_gone(exc: BaseException) -> bool:
+    """The client closed or lost its socket while a frame was on its way: an expected end
+    (a tab closed, a page left, a network that dropped), logged at INFO without a traceback.
+    uvicorn raises ClientDisconnected (an OSError) and websockets ConnectionClosed; every
+    such disconnect had been an ERROR with a traceback (issue 28)."""
+    return isinstance(exc, (ClientDisconnected, ConnectionClosed, ConnectionError))
 
 
 class GuardedConsumer(AsyncWebsocketConsumer):
@@ -308,8 +318,13 @@ class SequencedLogConsumer(GuardedConsumer):
                 if self.refresh_due and self.client_ready:
                     self.refresh_due = False
                     await self._send_fetch()
-            except Exception:  # a database or socket fault: the page reconnects and resumes
+            except Exception as exc:  # a database or socket fault: the page reconnects
                 if self._closing:
+                    return
+                if client_gone(exc):
+                    log.info("websocket client went away while a frame was sent (%s)",
+                             type(exc).__name__)
+                    self._closing = True
                     return
                 log.exception("websocket sender failed; closing the socket")
                 await self._close_once(CLOSE_SERVER_ERROR)

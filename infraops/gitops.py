@@ -45,12 +45,16 @@ COMMITTER_EMAIL = "infraops@localhost"
 # Prepended to every command. Hooks are off because a hook planted by agent code
 # would otherwise run on the host (seen on this machine class); fsmonitor is off
 # because it, too, names a program git would run; ext:: would let a repository URL
-# run an arbitrary command.
+# run an arbitrary command, and fd:: made git wait on a descriptor of ours (a web thread
+# held 60 s). Redirects are not followed: the address infraops/repourls.py checked is the
+# only one git may reach.
 _SAFETY_OPTIONS = {
     "core.hooksPath": "/dev/null",
     "core.fsmonitor": "false",
     "protocol.file.allow": "always",
     "protocol.ext.allow": "never",
+    "protocol.fd.allow": "never",
+    "http.followRedirects": "false",
 }
 _SAFETY_CONFIG = tuple(
     arg for key, value in _SAFETY_OPTIONS.items() for arg in ("-c", f"{key}={value}")

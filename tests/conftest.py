@@ -40,14 +40,23 @@ def members_of_new_target(target: Target) -> Target:
     return target
 
 
+@pytest.fixture(scope="session")
+def local_repositories_from_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Tests seed their origins in tmp_path: pytest's base temporary folder is where the
+    tests' installation takes local repositories from (INFRAOPS_REPO_LOCAL_ROOTS, the
+    sanctioned way; users' URLs stay under the policy of infraops/repourls.py)."""
+    return tmp_path_factory.getbasetemp().resolve()
+
+
 @pytest.fixture(autouse=True)
-def data_dir(settings: Any) -> Iterator[Path]:
+def data_dir(settings: Any, local_repositories_from_tmp: Path) -> Iterator[Path]:
     """Each test gets its own data folder (clones, worktrees, probe outputs, the blob store's
     files). Not under pytest's tmp_path: that is private to root, and the sandbox user must
     reach worktrees."""
     path = Path(tempfile.mkdtemp(prefix="infraops-test-"))
     path.chmod(0o755)
     settings.DATA_DIR = path
+    settings.REPO_LOCAL_ROOTS = (str(local_repositories_from_tmp),)
     settings.STORAGES = {**settings.STORAGES, "blobs": {
         "BACKEND": "django.core.files.storage.FileSystemStorage",
         "OPTIONS": {"location": str(path / "blobs")}}}

@@ -16,6 +16,7 @@ from typing import Any, TextIO, TypedDict
 from django.db import connection, transaction
 from django.db.models import F
 
+from infraops.dbretry import retried
 from infraops.experiments.blobstore import blob_store
 from infraops.live import notify
 from infraops.manifest import MAX_METRIC_NAME, MAX_UNIT
@@ -275,6 +276,9 @@ class LogStream:
                 merged[-1] = (stream, merged[-1][1] + text)
             else:
                 merged.append((stream, text))
+        retried(lambda: self._write(merged), what=f"experiment {self.experiment_id} log")
+
+    def _write(self, merged: list[tuple[str, str]]) -> None:
         with transaction.atomic():
             Experiment.objects.filter(pk=self.experiment_id).update(
                 log_seq=F("log_seq") + len(merged))

@@ -36,12 +36,14 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from infraops import gitops
+from infraops.dbretry import retried
 from infraops.errors import DomainError, WorkerNotAccepted
 from infraops.experiments import sandbox
 from infraops.experiments.accelerators import ProbeAccess, probe_access
 from infraops.experiments.analysis import attempt_executions, attempt_samples, experiment_feedback
 from infraops.experiments.results import (
     LogStream,
+    MetricRow,
     artifacts_collect,
     artifacts_link,
     experiment_changed,
@@ -53,7 +55,14 @@ from infraops.experiments.results import (
 from infraops.experiments.workers import live_queues
 from infraops.feedback.samples import SampleRow, compare_samples, per_execution_rows
 from infraops.manifest import Manifest, ManifestError, Probe
-from infraops.models import Experiment, ProbeExecution, Target, parse_variant, variant_key
+from infraops.models import (
+    Artifact,
+    Experiment,
+    ProbeExecution,
+    Target,
+    parse_variant,
+    variant_key,
+)
 from infraops.services.targets import target_manifest_at
 from infraops.signals import experiment_finished
 
@@ -400,7 +409,7 @@ class _Lease:
         def beat() -> None:
             try:
                 while not stop.wait(renew_every()):
-                    self.renew()
+                    retried(self.renew, what=f"experiment {self.experiment_id} lease")
             except LeaseLost:
                 pass
             finally:
@@ -805,31 +814,51 @@ def _record(
     if repeat < 0:
         rows = []
     artifacts, more = artifacts_collect(out)  # files first, outside the transaction
-    try:
-        with transaction.atomic():
-            lease.renew()  # locks the row: nobody else writes for this attempt meanwhile
-            execution = ProbeExecution.objects.create(
-                experiment=experiment, attempt=lease.attempt, probe=probe, side=side,
-                variant=variant, repeat_index=repeat, seed=slot.seed,
-                exit_code=result.exit_code,
-                reason=result.reason, wall_seconds=result.wall_seconds,
-                detail="\n".join([result.detail, *problems, *more]).strip(),
-                stdout=printable(result.stdout[-KEPT_OUTPUT_BYTES:]),
-                stderr=printable(result.stderr[-KEPT_OUTPUT_BYTES:]),
-            )
-            samples_copy(execution, rows)
-            artifacts_link(execution, artifacts)
-    except IntegrityError:
-        # The unique constraint, one result per attempt: this one is recorded already (the
-        # whole transaction rolled back; no savepoint, which cost two round trips a run).
-        if ProbeExecution.objects.filter(
-                experiment=experiment, attempt=lease.attempt, probe=probe, side=side,
-                variant=variant, repeat_index=repeat).exists():
-            return []
-        raise
-    return [SampleRow(execution=execution.pk, probe=probe, side=side, variant=variant,
+
+    def store() -> int | None:
+        """The execution's id; None when this attempt recorded it already (a retry after
+        the commit went through and its answer was lost: the unique key says so)."""
+        try:
+            return _record_execution(attempt, probe, side, variant, slot, result, rows,
+                                     artifacts, [*problems, *more])
+        except IntegrityError:
+            # The unique constraint, one result per attempt (the whole transaction rolled
+            # back; no savepoint, which cost two round trips a run).
+            if ProbeExecution.objects.filter(
+                    experiment=experiment, attempt=lease.attempt, probe=probe, side=side,
+                    variant=variant, repeat_index=repeat).exists():
+                return None
+            raise
+
+    execution_id = retried(store, what=f"experiment {experiment.pk} record")
+    if execution_id is None:
+        return []
+    return [SampleRow(execution=execution_id, probe=probe, side=side, variant=variant,
                       metric=row["name"], value=row["value"], unit=row["unit"], case=row["case"])
             for row in rows]
+
+
+def _record_execution(
+    attempt: _Attempt, probe: str, side: str, variant: str, slot: _Slot,
+    result: sandbox.SandboxResult, rows: list[MetricRow], artifacts: list[Artifact],
+    problems: list[str],
+) -> int:
+    """One transaction: the execution, its samples and its artifacts; returns its id."""
+    experiment, lease, repeat = attempt.experiment, attempt.lease, slot.repeat
+    with transaction.atomic():
+        lease.renew()  # locks the row: nobody else writes for this attempt meanwhile
+        execution = ProbeExecution.objects.create(
+            experiment=experiment, attempt=lease.attempt, probe=probe, side=side,
+            variant=variant, repeat_index=repeat, seed=slot.seed,
+            exit_code=result.exit_code,
+            reason=result.reason, wall_seconds=result.wall_seconds,
+            detail="\n".join([result.detail, *problems]).strip(),
+            stdout=printable(result.stdout[-KEPT_OUTPUT_BYTES:]),
+            stderr=printable(result.stderr[-KEPT_OUTPUT_BYTES:]),
+        )
+        samples_copy(execution, rows)
+        artifacts_link(execution, artifacts)
+    return execution.pk
 
 
 def _finish(lease: _Lease, *, failure: str, feedback: dict[str, Any] | None = None,
@@ -840,7 +869,9 @@ def _finish(lease: _Lease, *, failure: str, feedback: dict[str, Any] | None = No
         rows = attempt_samples(attempt_executions(lease.experiment_id, lease.attempt))
     summary = {"attempt": lease.attempt,
                "comparisons": [c.as_dict() for c in compare_samples(per_execution_rows(rows))]}
-    finished = Experiment.objects.filter(  # one statement: committed when it returns
+    # One statement, committed when it returns; guarded, so a retry after a lost answer
+    # finds nothing to do.
+    finished = retried(lambda: Experiment.objects.filter(
         pk=lease.experiment_id, claimed_by=lease.worker, attempts=lease.attempt,
         status=Experiment.Status.RUNNING,
     ).update(
@@ -848,10 +879,13 @@ def _finish(lease: _Lease, *, failure: str, feedback: dict[str, Any] | None = No
         failure_reason=failure, summary=summary, feedback=feedback or {},
         finished_at=timezone.now(), lease_expires_at=None,
         **({} if probe_files is None else {"probe_files": probe_files}),
-    )
+    ), what=f"experiment {lease.experiment_id} finish")
     if finished == 1:  # after the commit (at once outside a transaction)
-        transaction.on_commit(
-            lambda: experiment_finished.send(Experiment, experiment_id=lease.experiment_id))
+        # Its receivers only wake what waits on the experiment (agents.receivers): safe to
+        # send again when a dropped connection failed them.
+        transaction.on_commit(lambda: retried(
+            lambda: experiment_finished.send(Experiment, experiment_id=lease.experiment_id),
+            what=f"experiment {lease.experiment_id} finished signal"))
 
 
 def _cleanup(workdir: Path) -> None:

@@ -18,6 +18,7 @@ from django import forms
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.cache import caches
 from django.http import HttpRequest, HttpResponse
@@ -34,8 +35,16 @@ def _cache() -> Any:
     return caches["login"]
 
 
+def identity(username: str) -> str:
+    """The one name every spelling of a username counts under: Django's own normalisation
+    (NFKC, as the sign-in form applies before checking the password), then case-folded and
+    stripped. On the raw name, five failures locked `norole` while `\uff4eorole` (a fullwidth n,
+    the same account to Django) signed in with the right password (issue 28)."""
+    return AbstractBaseUser.normalize_username(username).strip().casefold()
+
+
 def _keys(username: str, address: str) -> dict[str, str]:
-    who = hashlib.sha256(username.strip().lower().encode(errors="replace")).hexdigest()[:32]
+    who = hashlib.sha256(identity(username).encode(errors="replace")).hexdigest()[:32]
     where = hashlib.sha256(address.encode(errors="replace")).hexdigest()[:32]
     return {"user": f"user:{who}", "ip": f"ip:{where}"}
 

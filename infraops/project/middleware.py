@@ -3,6 +3,7 @@ a 503 page while the database does not answer."""
 
 from __future__ import annotations
 
+import codecs
 import logging
 import sys
 from collections.abc import Callable
@@ -69,6 +70,41 @@ class MethodNotAllowedPageMiddleware:
                       status=405)
         page["Allow"] = response.get("Allow", "")
         return page
+
+
+class FormEncodingMiddleware:
+    """A form body (application/x-www-form-urlencoded) in a charset other than UTF-8 answers
+    400 with a page that says so, before anything reads it. Django itself refuses such a body
+    (BadRequest) when request.POST is first read, but its 400 view requires a CSRF token, and
+    the CSRF check read request.POST again while that page was made: the second BadRequest
+    became a 500 (a POST to the login page with charset=utf-7, issue 28)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        charset = _foreign_form_charset(request)
+        if charset is None:
+            return self.get_response(request)
+        log.info("a form in %s refused for %s %s", charset, request.method, request.path)
+        message = (f"The form was sent in the {charset} character set; this site reads forms "
+                   "only in UTF-8.")
+        body = loader.get_template("400.html").render({"message": message})
+        response = HttpResponse(body, status=400)
+        response.setdefault("Content-Security-Policy", CSP)
+        return response
+
+
+def _foreign_form_charset(request: HttpRequest) -> str | None:
+    """The charset of a form body that is not UTF-8 (as Django's own check reads it), else
+    None. An unknown charset name is ignored by Django (it reads the body as UTF-8)."""
+    if request.content_type != "application/x-www-form-urlencoded" or not request.encoding:
+        return None
+    try:
+        name = codecs.lookup(request.encoding).name
+    except LookupError:
+        return None
+    return None if name == "utf-8" else str(request.encoding)[:40]
 
 
 # --- a database that does not answer ------------------------------------------------------

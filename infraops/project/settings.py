@@ -316,6 +316,21 @@ try:
     # Set by `standalone` for its processes when it starts a GPU worker beside the others, so
     # that its showcase starts the demo's GPU goal (agents/management/commands/start_runs.py).
     GPU_WORKER = _read("INFRAOPS_GPU_WORKER", "bool", False)
+    # Which repository URLs a target may name (infraops/repourls.py): remote schemes, hosts
+    # (exact names or ".domain"; empty: any host), folders local repositories may come from
+    # (":"-separated; a folder inside or above the data folder or the checkout is ignored, as
+    # what lies inside those two is never reachable), and whether
+    # loopback, link-local and private addresses may be reached (off: a URL is a request the
+    # server makes on a user's behalf).
+    REPO_SCHEMES = tuple(word.strip().lower() for word in
+                         _read("INFRAOPS_REPO_SCHEMES", "list", ["https", "ssh"]) if word.strip())
+    if not set(REPO_SCHEMES) <= {"https", "http", "ssh", "git"}:
+        raise _ConfigError(f"INFRAOPS_REPO_SCHEMES={','.join(REPO_SCHEMES)!r} may name only "
+                           "https, http, ssh and git (local paths: INFRAOPS_REPO_LOCAL_ROOTS).")
+    REPO_HOSTS = tuple(word.strip().lower() for word in
+                       _read("INFRAOPS_REPO_HOSTS", "list", []) if word.strip())
+    REPO_LOCAL_ROOTS = _path_list("INFRAOPS_REPO_LOCAL_ROOTS", "")
+    REPO_PRIVATE_ADDRESSES = _read("INFRAOPS_REPO_PRIVATE_ADDRESSES", "bool", False)
     # Approvals and run starts one user may make per window (infraops/ratelimit.py).
     RATE_APPROVE_PER_MIN = _read("INFRAOPS_RATE_APPROVE_PER_MIN", "int", 100)
     RATE_START_RUN_PER_MIN = _read("INFRAOPS_RATE_START_RUN_PER_MIN", "int", 100)
@@ -378,6 +393,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First: a database that does not answer gives the 503 page, whichever layer met it.
     "infraops.project.middleware.DatabaseUnavailableMiddleware",
+    # Before anything reads a form body: one Django cannot read gives its 400 page, not a 500.
+    "infraops.project.middleware.FormEncodingMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

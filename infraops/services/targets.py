@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
@@ -14,12 +16,30 @@ from infraops import gitops
 from infraops.errors import DomainError
 from infraops.manifest import MANIFEST_PATH, Manifest, ManifestError, parse_manifest
 from infraops.models import Target, TargetMembership
+from infraops.repourls import RepoUrlPolicy, RepoUrlRefused, repo_url_check
 from infraops.roles import ROLES
 from infraops.services.audit import audit_record
 
 
-def repo_check(*, url: str, branch: str) -> None:
-    """Raise DomainError with a sentence when `url` is unreachable or lacks `branch`."""
+def repo_url_policy(*, trusted_roots: Sequence[Path] = ()) -> RepoUrlPolicy:
+    """The installation's repository URL policy (INFRAOPS_REPO_* settings). The data folder
+    and the checkout are always protected; `trusted_roots` are folders the calling code (a
+    command, a bench) made its own repositories in, never a form's input."""
+    return RepoUrlPolicy(
+        schemes=frozenset(settings.REPO_SCHEMES), hosts=tuple(settings.REPO_HOSTS),
+        local_roots=tuple(Path(root) for root in settings.REPO_LOCAL_ROOTS),
+        protected=(Path(settings.DATA_DIR), Path(settings.BASE_DIR)),
+        private_addresses=settings.REPO_PRIVATE_ADDRESSES, trusted_roots=tuple(trusted_roots),
+    )
+
+
+def repo_check(*, url: str, branch: str, trusted_roots: Sequence[Path] = ()) -> None:
+    """Raise DomainError with a sentence when `url` is outside the policy (repo_url_policy),
+    unreachable, or lacks `branch`. The policy is checked before git runs at all."""
+    try:
+        repo_url_check(url, repo_url_policy(trusted_roots=trusted_roots))
+    except RepoUrlRefused as exc:
+        raise DomainError(str(exc)) from None
     try:
         heads = gitops.git(Path("/"), "ls-remote", "--heads", "--", url, branch, timeout=60)
     except gitops.GitError as exc:
@@ -30,10 +50,11 @@ def repo_check(*, url: str, branch: str) -> None:
 
 def target_register(
     *, name: str, repo_url: str, base_branch: str, push_on_merge: bool = False,
-    user: User | None = None,
+    user: User | None = None, trusted_roots: Sequence[Path] = (),
 ) -> Target:
-    """Create the target, clone it (bare) into the data folder and read its manifest."""
-    repo_check(url=repo_url, branch=base_branch)
+    """Create the target, clone it (bare) into the data folder and read its manifest.
+    `repo_url` must pass the URL policy (repo_check; `trusted_roots` as there)."""
+    repo_check(url=repo_url, branch=base_branch, trusted_roots=trusted_roots)
     with transaction.atomic():
         target = Target.objects.create(
             name=name, repo_url=repo_url, base_branch=base_branch,

@@ -507,6 +507,36 @@ def test_five_failures_for_a_username_lock_it_even_with_the_right_password(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("look_alike", ["\uff56ic", "v\uff49c", "VIC", " vic ", "\u1d5bic"],
+                         ids=["fullwidth-v", "fullwidth-i", "upper", "spaces", "modifier-v"])
+def test_a_locked_name_stays_locked_under_every_spelling_of_it(
+    fast_password_hashing: None, viewer: User, address: str, look_alike: str
+) -> None:
+    """Issue 28: five failures locked `norole`, and `\uff4eorole` (fullwidth n, which Django
+    normalises to the same account) signed in with the right password."""
+    for _ in range(5):
+        sign_in("vic", "wrong", address)
+
+    right = sign_in(look_alike, "correct horse battery", address)
+
+    assert right.status_code == 429 and LOCKED in right.content.decode()
+    assert "_auth_user_id" not in right.client.session
+
+
+@pytest.mark.django_db
+def test_failures_under_look_alike_names_count_together(
+    fast_password_hashing: None, viewer: User, address: str
+) -> None:
+    for name in ("vic", "\uff56ic", "VIC", "v\uff49c"):
+        assert sign_in(name, "wrong", address).status_code == 200
+
+    fifth = sign_in("\uff56\uff49\uff43", "wrong", address)
+
+    assert fifth.status_code == 429 and LOCKED in fifth.content.decode()
+    assert sign_in("vic", "correct horse battery", address).status_code == 429
+
+
+@pytest.mark.django_db
 def test_a_success_before_the_limit_clears_the_count(fast_password_hashing: None, viewer: User,
                                                      address: str) -> None:
     for _ in range(4):

@@ -233,6 +233,46 @@ def test_adding_a_target_without_its_branch_is_refused(editor: Client, tmp_path:
     assert not Target.objects.exists()
 
 
+def test_a_target_cannot_name_another_targets_copy_in_the_data_folder(
+    editor: Client, example_target: Target
+) -> None:
+    """Issue 28: an engineer of target A read target B's files by naming the service's own
+    bare copy of B (or the service's checkout) as a new target's URL."""
+    from django.conf import settings
+
+    for url in (str(example_target.clone_path), f"file://{example_target.clone_path}",
+                str(settings.BASE_DIR)):
+        fields = form_of(editor, "/admin/infraops/target/add/") | {
+            "name": "copy-of-b", "repo_url": url, "base_branch": "main",
+        }
+
+        response = editor.post("/admin/infraops/target/add/", fields)
+
+        assert response.status_code == 200
+        assert "data folder or checkout" in response.content.decode()
+    assert not Target.objects.filter(name="copy-of-b").exists()
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("https://169.254.169.254/latest/meta-data", "link-local"),
+    ("fd::17", "remote helper"),
+    ("git://127.0.0.1:9418/x", "git:// URLs are not allowed"),
+    ("ext::sh -c id", "remote helper"),
+], ids=["link-local", "fd", "git-loopback", "ext"])
+def test_urls_the_server_must_not_reach_are_refused_before_git_runs(
+    editor: Client, url: str, words: str
+) -> None:
+    fields = form_of(editor, "/admin/infraops/target/add/") | {
+        "name": "probe", "repo_url": url, "base_branch": "main",
+    }
+
+    response = editor.post("/admin/infraops/target/add/", fields)
+
+    assert response.status_code == 200
+    assert words in html.unescape(response.content.decode())
+    assert not Target.objects.exists()
+
+
 def test_adding_a_reachable_target_clones_it_and_reads_its_manifest(
     editor: Client, tmp_path: Path, engineer: User
 ) -> None:

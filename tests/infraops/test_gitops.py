@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ast
+import http.server
 import os
 import pickle
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -639,3 +642,43 @@ def test_blob_ids_names_each_present_path_and_none_for_absent_ones(tmp_path: Pat
     assert ids["dir/b.txt"] == gitops.git(repo, "rev-parse", "refs/heads/main:dir/b.txt").strip()
     assert ids["missing.txt"] is None
     assert ids["dir"] is not None  # a folder has a tree id
+
+
+def test_git_never_uses_the_fd_transport(tmp_path: Path) -> None:
+    """fd:: made git wait on a descriptor of the web process (a thread held 60 s, issue 28);
+    the URL policy refuses it first, and git itself is told never to use it."""
+    with pytest.raises(gitops.GitError, match="transport 'fd' not allowed"):
+        gitops.git(tmp_path, "ls-remote", "fd::0", timeout=30)
+
+
+class _Redirects(http.server.BaseHTTPRequestHandler):
+    """Answers every request with a redirect to /elsewhere/, and counts who followed it."""
+
+    followed: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/elsewhere/"):
+            self.followed.append(self.path)
+            self.send_response(404)
+        else:
+            self.send_response(302)
+            self.send_header("Location", "/elsewhere" + self.path)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_git_follows_no_redirect(tmp_path: Path) -> None:
+    """The address the URL policy checked is the only one git may reach: a redirect to
+    another (a link-local metadata address, say) is not followed."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Redirects)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/repo.git"
+        with pytest.raises(gitops.GitError):
+            gitops.git(tmp_path, "ls-remote", url, timeout=30)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _Redirects.followed == []

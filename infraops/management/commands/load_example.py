@@ -64,7 +64,7 @@ class Command(BaseCommand):
             return target
         try:
             return target_register(name=name, repo_url=str(origin), base_branch="main",
-                                   push_on_merge=True)
+                                   push_on_merge=True, trusted_roots=[origin.parent])
         except DomainError as exc:
             raise CommandError(str(exc)) from None
 
