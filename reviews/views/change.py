@@ -77,7 +77,8 @@ def _context(request: AuthenticatedHttpRequest, change: Change, **forms_: Any) -
                 for c in change.comments.select_related("author")]
     denial = decision_denial(request.user, change)
     return {
-        "change": change, "checks": change.gate, "failing": change.failing_checks,
+        "change": change, "checks": change.checks, "failing": change.failing_checks,
+        "review": change.review_checks,
         "diff_files": render_diff(change.diff, change.risk, comments),
         "decisions": change.decisions.select_related("reviewer"),
         "approval": change.valid_approval(),

@@ -15,9 +15,10 @@ from agents.policies.llm import _news
 from infraops.errors import DomainError
 from infraops.models import AuditEntry, Goal, Target
 from reviews.models import Change, ReviewComment, ReviewDecision
-from reviews.services import change_comment
+from reviews.services import change_comment, review_decide
 from reviews.services.submit import classify_diff
 from tests.factories import AgentRunFactory
+from tests.reviews.conftest import SERVING_TOML
 
 
 def test_the_checks_panel_shows_each_check_with_its_reason(
@@ -30,11 +31,11 @@ def test_the_checks_panel_shows_each_check_with_its_reason(
     panel = page[page.index('<section id="gate-checks"'):page.index("</section>")]
     checks = dict(re.findall(r'data-check="([^"]+)">\s*<span class="mark" aria-label="(\w+)"',
                              panel))
-    assert checks["auto-merge"] == "failed"
-    assert checks["risk"] == "failed"
+    assert checks["auto-merge"] == "review"  # a reviewer decides: neutral, not failing
+    assert checks["risk"] == "review"
     assert checks["analysed"] == "passed"
     assert checks["base"] == "passed"
-    assert "checks failing</strong>: this change merges only when a reviewer approves it" in panel
+    assert "this change merges only when a reviewer approves it" in panel
     assert "production: 2 findings (first config/serving.toml:2" in panel
     assert "the change has no pinned goal version" in panel
 
@@ -186,3 +187,43 @@ def test_the_target_page_shows_each_goals_automatic_merge_setting(
 
     assert 'merge automatically: <strong class="auto-merge">off</strong>' in page
     assert "every change waits for a reviewer" in page
+
+
+def _panel(page: str) -> str:
+    return page[page.index('<section id="gate-checks"'):page.index("</section>")]
+
+
+def test_review_required_is_neutral_not_failing_in_the_panel_and_the_queue(
+    client: Client, reviewer: User, passing_submit: Callable[..., Change]
+) -> None:
+    # issue 27: "a reviewer decides" counted as failing, so every queued change looked broken
+    change = passing_submit(files={"config/serving.toml": SERVING_TOML})
+    client.force_login(reviewer)
+
+    panel = _panel(client.get(f"/reviews/changes/{change.pk}/").content.decode())
+    queue = client.get("/reviews/").content.decode()
+
+    assert 'data-check="risk">\n      <span class="mark" aria-label="review">' in panel
+    assert "<strong>Review required</strong>: the evidence passes" in panel
+    assert "failing" not in panel.split("<ul")[0]
+    assert change.failing_checks == []
+    assert '<span class="badge review"' in queue and "review required" in queue
+    assert "check failing" not in queue and "checks failing" not in queue
+
+
+def test_a_merged_change_says_what_it_merged_as_by_whom_and_over_which_checks(
+    client: Client, reviewer: User, config_change: Change
+) -> None:
+    review_decide(change=config_change, reviewer=reviewer, decision="approve")
+    config_change.refresh_from_db()
+    client.force_login(reviewer)
+
+    panel = _panel(client.get(f"/reviews/changes/{config_change.pk}/").content.decode())
+
+    assert config_change.status == Change.Status.MERGED
+    text = " ".join(panel.split())
+    assert (f"Merged as <code>{config_change.merged_commit[:10]}</code> by "
+            f"{reviewer.get_username()}, at ") in text
+    assert "over: Automatic merge allowed; No numerics, concurrency or production risk" in text
+    assert "merges only when a reviewer approves it" not in panel
+    assert "as they stood when it merged" in panel
