@@ -18,6 +18,7 @@ from reviews.diff_render import render_diff
 from reviews.models import Change, ReviewDecision
 from reviews.services import (
     change_comment,
+    change_gate_read,
     change_merge_request,
     change_refusal,
     decision_denial,
@@ -92,7 +93,7 @@ def _context(request: AuthenticatedHttpRequest, change: Change, **forms_: Any) -
 
 
 def change_detail(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
-    change = _get_change_for_user(request, pk)
+    change = change_gate_read(change=_get_change_for_user(request, pk))
     template = "reviews/change.html#gate-checks" if request.htmx else "reviews/change.html"
     return render(request, template, _context(request, change))
 

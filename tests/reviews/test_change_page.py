@@ -18,7 +18,8 @@ from reviews.models import Change, ReviewComment, ReviewDecision
 from reviews.services import change_comment, review_decide
 from reviews.services.submit import classify_diff
 from tests.factories import AgentRunFactory
-from tests.reviews.conftest import SERVING_TOML
+from tests.reviews.conftest import SERVING_TOML, CommitOn
+from tests.reviews.test_merge import move_main
 
 
 def test_the_checks_panel_shows_each_check_with_its_reason(
@@ -227,3 +228,19 @@ def test_a_merged_change_says_what_it_merged_as_by_whom_and_over_which_checks(
     assert "over: Automatic merge allowed; No numerics, concurrency or production risk" in text
     assert "merges only when a reviewer approves it" not in panel
     assert "as they stood when it merged" in panel
+
+
+def test_the_panel_of_an_open_change_says_the_base_moved_when_it_has(
+    client: Client, reviewer: User, passing_submit: Callable[..., Change],
+    example_target: Target, commit_on: CommitOn
+) -> None:
+    # issue 27: "Base unmoved" stayed ticked after main moved
+    change = passing_submit(files={"config/serving.toml": SERVING_TOML})  # waits: risk
+    assert change.status == Change.Status.PENDING_REVIEW
+    move_main(example_target, commit_on, {"README.md": "Someone else's edit.\n"})
+    client.force_login(reviewer)
+
+    panel = _panel(client.get(f"/reviews/changes/{change.pk}/").content.decode())
+
+    assert 'data-check="base">\n      <span class="mark" aria-label="failed">' in panel
+    assert f"main moved from {change.base_commit[:10]}" in panel
