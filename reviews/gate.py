@@ -112,6 +112,9 @@ def merge_gate(facts: ChangeFacts) -> list[Check]:
 # (issue 27). Keyed by name, so gates stored before the distinction read the same way.
 REVIEWER_DECIDES = frozenset({"auto-merge", "risk", "analysed"})
 PASSED, REVIEW, FAILED = "passed", "review", "failed"
+# Failing checks that an approval does not "go over": a moved base is re-verified before the
+# merge, and a change with no criteria has no measured result to override.
+NOT_OVERRIDES = frozenset({"base", "criteria-defined"})
 
 
 def check_state(check: Mapping[str, Any]) -> str:

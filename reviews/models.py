@@ -118,6 +118,15 @@ class Change(models.Model):
         return [check for check in self.gate if gate.check_state(check) == gate.FAILED]
 
     @property
+    def overridable_checks(self) -> list[dict[str, object]]:
+        """Failing evidence an approval must name and give a reason for (reviews.services.
+        decide): none without an evidence experiment, never a moved base."""
+        if self.experiment_id is None:
+            return []
+        return [check for check in self.failing_checks if check.get("name") not in
+                gate.NOT_OVERRIDES]
+
+    @property
     def review_checks(self) -> list[dict[str, object]]:
         """Checks that ask for a reviewer (automatic merge off, risky or unread lines)."""
         return [check for check in self.gate if gate.check_state(check) == gate.REVIEW]
@@ -157,6 +166,10 @@ class ReviewDecision(models.Model):
     )
     decision = models.CharField(max_length=20, choices=Decision.choices)
     comment = models.TextField(blank=True)
+    # An approval over failing evidence names what it went over and why (issue 27): the
+    # titles of the failing checks the reviewer saw, and the reviewer's reason.
+    overridden_checks = models.JSONField(default=list, blank=True)
+    override_reason = models.TextField(blank=True)
     diff_sha256 = models.CharField(max_length=64)
     base_commit = models.CharField(max_length=40)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -35,6 +35,9 @@ class DecisionForm(forms.Form):
                               max_length=MAX_COMMENT,
                               label="Comment (goes back to the agent)")
     diff_sha256 = forms.RegexField(regex=SHA256, widget=forms.HiddenInput)
+    override_reason = forms.CharField(
+        required=False, max_length=MAX_COMMENT, widget=forms.Textarea(attrs={"rows": 2}),
+        label="Why merge over the failing checks (recorded with the decision)")
 
 
 class CommentForm(forms.Form):
@@ -79,7 +82,7 @@ def _context(request: AuthenticatedHttpRequest, change: Change, **forms_: Any) -
     denial = decision_denial(request.user, change)
     return {
         "change": change, "checks": change.checks, "failing": change.failing_checks,
-        "review": change.review_checks,
+        "review": change.review_checks, "overridable": change.overridable_checks,
         "diff_files": render_diff(change.diff, change.risk, comments),
         "decisions": change.decisions.select_related("reviewer"),
         "approval": change.valid_approval(),
@@ -113,7 +116,8 @@ def change_decide(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
     try:
         review_decide(change=change, reviewer=request.user,
                       decision=form.cleaned_data["decision"], comment=form.cleaned_data["comment"],
-                      diff_sha256=form.cleaned_data["diff_sha256"])
+                      diff_sha256=form.cleaned_data["diff_sha256"],
+                      override_reason=form.cleaned_data["override_reason"])
     except Forbidden as exc:
         return _refused(request, change, str(exc))
     except DomainError as exc:

@@ -13,12 +13,12 @@ from django.test import Client
 
 from agents.policies.llm import _news
 from infraops.errors import DomainError
-from infraops.models import AuditEntry, Goal, Target
+from infraops.models import AuditEntry, Goal, GoalVersion, Target
 from reviews.models import Change, ReviewComment, ReviewDecision
 from reviews.services import change_comment, review_decide
 from reviews.services.submit import classify_diff
 from tests.factories import AgentRunFactory
-from tests.reviews.conftest import SERVING_TOML, CommitOn
+from tests.reviews.conftest import SERVING_TOML, CommitOn, criterion_finding, perf_finding
 from tests.reviews.test_merge import move_main
 
 
@@ -244,3 +244,39 @@ def test_the_panel_of_an_open_change_says_the_base_moved_when_it_has(
 
     assert 'data-check="base">\n      <span class="mark" aria-label="failed">' in panel
     assert f"main moved from {change.base_commit[:10]}" in panel
+
+
+def test_approving_over_a_failed_criterion_takes_a_named_second_step(
+    client: Client, reviewer: User, passing_submit: Callable[..., Change],
+    auto_goal: GoalVersion
+) -> None:
+    # issue 27: a change whose acceptance criterion failed merged with one click, no warning
+    spec = auto_goal.spec["criteria"][0]
+    change = passing_submit(findings=[criterion_finding(spec, passed=False),
+                                      perf_finding("latency-bench", "latency_ms")])
+    failed = [str(c["title"]) for c in change.failing_checks]
+    assert failed and change.status == Change.Status.PENDING_REVIEW
+    client.force_login(reviewer)
+    url = f"/reviews/changes/{change.pk}/"
+    page = client.get(url).content.decode()
+    assert '<fieldset id="override"' in page and ">Approve and merge</button>" not in page
+    form = {"decision": "approve", "comment": "", "diff_sha256": change.diff_sha256}
+
+    first = client.post(f"{url}decide/", form, follow=True).content.decode()
+    change.refresh_from_db()
+    assert change.status == Change.Status.PENDING_REVIEW
+    assert "Approving merges over failing evidence: give your reason" in first
+    assert not change.decisions.exists()
+
+    client.post(f"{url}decide/", form | {"override_reason": "the criterion's probe is flaky"})
+    change.refresh_from_db()
+
+    assert change.status == Change.Status.MERGED
+    decision = change.decisions.get()
+    assert (decision.overridden_checks, decision.override_reason) == (
+        failed, "the criterion's probe is flaky")
+    audit = AuditEntry.objects.get(action="change.approve", object_id=str(change.pk))
+    assert audit.data["override"] == {"checks": failed,
+                                      "reason": "the criterion's probe is flaky"}
+    merged = client.get(url).content.decode()
+    assert '<span id="merged-over" class="badge bad">merged over failing checks</span>' in merged
