@@ -37,7 +37,7 @@ from infraops.models import Experiment, Goal, Target
 from infraops.ratelimit import START_RUN, throttled
 from infraops.reads import JoinedRead, give_related
 from infraops.services.goals import spec_changes
-from reviews.live import awaiting_count
+from reviews.live import awaiting_count, reviewer_classes
 from reviews.models import Change
 
 # The dashboard's lists, as scoped(...) would give them: every target and run for a superuser,
@@ -58,7 +58,8 @@ def dashboard(request: AuthenticatedHttpRequest) -> HttpResponse:
     every, params = ids is None, ([] if ids is None else [ids])
     return render(request, "agents/dashboard.html", {
         "targets": _TARGETS[every].all(*params),
-        "pending_reviews": awaiting_count(request, []),
+        # the nav's count (the user's classes), so the two never disagree (issue 27)
+        "pending_reviews": awaiting_count(request, reviewer_classes(request.user)),
     } | dashboard_live(ids))
 
 

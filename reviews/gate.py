@@ -8,7 +8,7 @@ reviews.services (change_facts); nothing here reads a row or runs git.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -113,6 +113,24 @@ def merge_gate(facts: ChangeFacts) -> list[Check]:
     checks += [_evidence_head(facts), _feedback_clean(facts), _integrity(facts),
                _end_to_end(facts), _base(facts)]
     return checks
+
+
+# Checks that ask for a person rather than report bad evidence: automatic merge off, risky
+# lines, a file the classifier cannot read. Not passing them means "a reviewer decides", a
+# neutral state; counting them as failing made every change in the queue look broken
+# (issue 27). Keyed by name, so gates stored before the distinction read the same way.
+REVIEWER_DECIDES = frozenset({"auto-merge", "risk", "analysed"})
+PASSED, REVIEW, FAILED = "passed", "review", "failed"
+# Failing checks that an approval does not "go over": a moved base is re-verified before the
+# merge, and a change with no criteria has no measured result to override.
+NOT_OVERRIDES = frozenset({"base", "criteria-defined"})
+
+
+def check_state(check: Mapping[str, Any]) -> str:
+    """A stored check's state: passed, review (a reviewer decides) or failed (evidence)."""
+    if check.get("passed"):
+        return PASSED
+    return REVIEW if check.get("name") in REVIEWER_DECIDES else FAILED
 
 
 def gate_passed(checks: Sequence[Check]) -> bool:

@@ -10,6 +10,7 @@ from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 
 from infraops.models import Experiment, Goal, GoalVersion, Target
+from reviews import gate
 
 RISK_CLASSES = ("numerics", "concurrency", "production", "unclassified")
 
@@ -107,8 +108,40 @@ class Change(models.Model):
         return sorted({finding["category"] for finding in self.risk})
 
     @property
+    def checks(self) -> list[dict[str, object]]:
+        """The stored checks, each with its ``state``: passed, review or failed."""
+        return [check | {"state": gate.check_state(check)} for check in self.gate]
+
+    @property
     def failing_checks(self) -> list[dict[str, object]]:
-        return [check for check in self.gate if not check.get("passed")]
+        """Checks whose evidence is bad: not the ones that only ask for a reviewer."""
+        return [check for check in self.gate if gate.check_state(check) == gate.FAILED]
+
+    @property
+    def overridable_checks(self) -> list[dict[str, object]]:
+        """Failing evidence an approval must name and give a reason for (reviews.services.
+        decide): none without an evidence experiment, never a moved base."""
+        if self.experiment_id is None:
+            return []
+        return [check for check in self.failing_checks if check.get("name") not in
+                gate.NOT_OVERRIDES]
+
+    @property
+    def review_checks(self) -> list[dict[str, object]]:
+        """Checks that ask for a reviewer (automatic merge off, risky or unread lines)."""
+        return [check for check in self.gate if gate.check_state(check) == gate.REVIEW]
+
+    @property
+    def merged_over(self) -> list[str]:
+        """The titles of the checks that were not green when the change merged."""
+        over = self.merge_intent.get("over")
+        if isinstance(over, list):
+            return [str(title) for title in over]
+        return [str(check.get("title", "?")) for check in self.gate if not check.get("passed")]
+
+    @property
+    def merged_by(self) -> str:
+        return str(self.merge_intent.get("actor_label") or "auto-merge")
 
     def valid_approval(self) -> ReviewDecision | None:
         """The latest approval, if it still covers this diff and base, and no later decision
@@ -133,6 +166,10 @@ class ReviewDecision(models.Model):
     )
     decision = models.CharField(max_length=20, choices=Decision.choices)
     comment = models.TextField(blank=True)
+    # An approval over failing evidence names what it went over and why (issue 27): the
+    # titles of the failing checks the reviewer saw, and the reviewer's reason.
+    overridden_checks = models.JSONField(default=list, blank=True)
+    override_reason = models.TextField(blank=True)
     diff_sha256 = models.CharField(max_length=64)
     base_commit = models.CharField(max_length=40)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -206,7 +206,10 @@ def _submit_change(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     ctx.effects.submitted = change.pk
     ctx.effects.experiment = experiment.pk
     failing = "; ".join(f"{c['title']}: {c['detail']}" for c in change.failing_checks)
-    gate_text = f" Merge gate checks failing: {failing}" if failing else " Every gate check passed."
+    review = "; ".join(f"{c['title']}: {c['detail']}" for c in change.review_checks)
+    gate_text = ((f" Merge gate checks failing: {failing}" if failing else "")
+                 + (f" A reviewer decides on: {review}" if review else "")
+                 ) or " Every gate check passed."
     return ToolResult(True, f"Change {change.pk} is {change.get_status_display()}."
                       + gate_text[:2000], {"change": change.pk, "commit": head})
 

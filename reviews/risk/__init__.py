@@ -45,6 +45,7 @@ from reviews.risk.signatures import (
     THREADS,
     UNCLASSIFIED,
     UNREADABLE,
+    UNSURE,
 )
 
 __all__ = [
@@ -69,6 +70,8 @@ BUILTIN_RULES: tuple[Rule, ...] = (
     Rule(LAUNCH, PRODUCTION, "changes how the server is launched", builtin=True),
     Rule(SERVING, PRODUCTION, "changes serving configuration or limits", builtin=True),
     Rule(UNREADABLE, UNCLASSIFIED, "a file the classifier cannot read", builtin=True),
+    Rule(UNSURE, UNCLASSIFIED, "changes a value in code that runs kernels or serves, and no "
+                               "rule knows it: a reviewer decides", builtin=True),
 )
 
 

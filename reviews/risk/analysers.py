@@ -25,6 +25,7 @@ from reviews.risk.code import (
     python_extra,
 )
 from reviews.risk.diff import REMOVED, FileChange
+from reviews.risk.families import family_findings
 from reviews.risk.lexers import lex_c, lex_python
 from reviews.risk.lines import Ordered, whole
 from reviews.risk.signatures import DEPLOY, LAUNCH, PRODUCTION, UNCLASSIFIED, UNREADABLE
@@ -35,6 +36,15 @@ __all__ = ["MoveIndex", "Ordered", "analyse"]
 def analyse(change: FileChange, moves: MoveIndex | None = None) -> list[Ordered]:
     """The built-in findings of one file (see the module docstring); ``moves``: the diff's
     changed lines, so that code moved from another file is not flagged again."""
+    found = _analysers(change, moves)
+    if change.binary or not change.hunks:
+        return found
+    language = files.language(change.path, _first_line(change))
+    return found + family_findings(change, language, found, moves)
+
+
+def _analysers(change: FileChange, moves: MoveIndex | None) -> list[Ordered]:
+    """What the per-language analysers find; ``families`` adds what they miss."""
     path = change.path
     kind = files.deployment_kind(path) or (
         files.deployment_kind(change.old_path) if change.old_path != path else None) or (

@@ -12,12 +12,13 @@ from reviews.services.decide import (
 )
 from reviews.services.facts import change_facts
 from reviews.services.merge import change_advance, changes_reap, merge_message
-from reviews.services.submit import change_gate_refresh, change_submit
+from reviews.services.submit import change_gate_read, change_gate_refresh, change_submit
 
 __all__ = [
     "change_advance",
     "change_comment",
     "change_facts",
+    "change_gate_read",
     "change_gate_refresh",
     "change_merge_request",
     "change_refusal",

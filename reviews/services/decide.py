@@ -57,14 +57,16 @@ def change_refusal(user: User, change: Change, action: str,
 
 def review_decide(
     *, change: Change, reviewer: User, decision: str, comment: str = "",
-    diff_sha256: str | None = None,
+    diff_sha256: str | None = None, override_reason: str = "",
 ) -> ReviewDecision:
     """A reviewer decides on a change awaiting review; an approval merges it.
 
     Precondition (re-checked under the change's row lock): the change awaits review; the
     reviewer may decide on it (decision_denial); `diff_sha256`, the diff the reviewer saw,
-    is the change's. Call outside a transaction: an approval records the decision and the
-    merge intent first, then git moves (reviews.services.merge)."""
+    is the change's; an approval of a change with failing evidence carries an
+    `override_reason` (the checks it goes over are recorded with it). Call outside a
+    transaction: an approval records the decision and the merge intent first, then git
+    moves (reviews.services.merge)."""
     if decision not in ReviewDecision.Decision.values:
         raise DomainError(f"Unknown decision {decision!r}: approve, reject or request changes.")
     if len(comment) > MAX_COMMENT:
@@ -82,11 +84,14 @@ def review_decide(
         if diff_sha256 is not None and diff_sha256 != locked.diff_sha256:
             raise DomainError("The diff changed since you opened it: reload the page, read it "
                               "again and decide on what it is now. Nothing was recorded.")
+        over: list[str] = []
         if decision == ReviewDecision.Decision.APPROVE:
             _check_diff_unchanged(locked)
+            over = _overridden(locked, override_reason)
         made = ReviewDecision.objects.create(
             change=locked, reviewer=reviewer, decision=decision, comment=comment,
             diff_sha256=locked.diff_sha256, base_commit=locked.base_commit,
+            overridden_checks=over, override_reason=override_reason.strip() if over else "",
         )
         status = _STATUS_AFTER[ReviewDecision.Decision(decision)]
         fields: dict[str, object] = {"status": status}
@@ -96,7 +101,9 @@ def review_decide(
         Change.objects.filter(pk=locked.pk).update(**fields)
         audit_record(actor=reviewer, action=f"change.{decision}", obj=locked,
                      data={"diff_sha256": locked.diff_sha256, "base": locked.base_commit,
-                           "comment": comment})
+                           "comment": comment}
+                     | ({"override": {"checks": over, "reason": made.override_reason}}
+                        if over else {}))
         if status == Change.Status.REJECTED:
             change_decided_after_commit(locked.pk, Change.Status.REJECTED)
         if status == Change.Status.APPROVED:
@@ -110,6 +117,18 @@ def review_decide(
     change_advance(change_id=change.pk)
     change.refresh_from_db()
     return made
+
+
+def _overridden(change: Change, reason: str) -> list[str]:
+    """The titles of the failing checks an approval goes over; refused without a reason.
+    Issue 27: a change whose acceptance criterion failed merged with one click and no mark."""
+    over = [str(check.get("title", check.get("name", "?")))
+            for check in change.overridable_checks]
+    if over and not reason.strip():
+        raise DomainError(f"{len(over)} check{'s' * (len(over) != 1)} failing: "
+                          f"{'; '.join(over)}. Approving merges over failing evidence: give "
+                          "your reason in the override step. Nothing was recorded.")
+    return over
 
 
 def _check_diff_unchanged(change: Change) -> None:

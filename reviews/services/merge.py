@@ -132,7 +132,9 @@ def _intend(change: Change, *, old: str, commit: str) -> Change:
     intent = {"commit": commit, "old": old, "branch": change.target.base_branch,
               "actor": change.merge_intent.get("actor"),
               "actor_label": change.merge_intent.get("actor_label", "auto-merge"),
-              "recorded_at": timezone.now().isoformat()}
+              "recorded_at": timezone.now().isoformat(),
+              # what the merge went over, kept: the panel says it after the merge (issue 27)
+              "over": [str(c["title"]) for c in change.gate if not c.get("passed")]}
     Change.objects.filter(pk=change.pk).update(status=Change.Status.MERGING, merge_intent=intent,
                                                merge_error="")
     change.refresh_from_db()

@@ -124,6 +124,20 @@ def change_gate_refresh(*, change: Change) -> list[gate.Check]:
     return checks
 
 
+# Changes whose gate may still decide something: their panel must say what is true now.
+_OPEN = (Change.Status.PENDING_REVIEW, Change.Status.CHANGES_REQUESTED, Change.Status.APPROVED)
+
+
+def change_gate_read(*, change: Change) -> Change:
+    """The change with its gate as true now: an open change's checks are evaluated again when
+    its page is read (main may have moved since the submit: issue 27 saw "Base unmoved"
+    ticked under a "the base moved" banner). A merged or rejected change keeps the checks it
+    was decided on; its page says so."""
+    if change.status in _OPEN:
+        change_gate_refresh(change=change)
+    return change
+
+
 def _advance_after_commit(change_id: int) -> None:
     from reviews.tasks import change_advance  # tasks import services, not the reverse
 

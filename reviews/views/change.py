@@ -18,6 +18,7 @@ from reviews.diff_render import render_diff
 from reviews.models import Change, ReviewDecision
 from reviews.services import (
     change_comment,
+    change_gate_read,
     change_merge_request,
     change_refusal,
     decision_denial,
@@ -34,6 +35,9 @@ class DecisionForm(forms.Form):
                               max_length=MAX_COMMENT,
                               label="Comment (goes back to the agent)")
     diff_sha256 = forms.RegexField(regex=SHA256, widget=forms.HiddenInput)
+    override_reason = forms.CharField(
+        required=False, max_length=MAX_COMMENT, widget=forms.Textarea(attrs={"rows": 2}),
+        label="Why merge over the failing checks (recorded with the decision)")
 
 
 class CommentForm(forms.Form):
@@ -77,7 +81,8 @@ def _context(request: AuthenticatedHttpRequest, change: Change, **forms_: Any) -
                 for c in change.comments.select_related("author")]
     denial = decision_denial(request.user, change)
     return {
-        "change": change, "checks": change.gate, "failing": change.failing_checks,
+        "change": change, "checks": change.checks, "failing": change.failing_checks,
+        "review": change.review_checks, "overridable": change.overridable_checks,
         "diff_files": render_diff(change.diff, change.risk, comments),
         "decisions": change.decisions.select_related("reviewer"),
         "approval": change.valid_approval(),
@@ -91,7 +96,7 @@ def _context(request: AuthenticatedHttpRequest, change: Change, **forms_: Any) -
 
 
 def change_detail(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
-    change = _get_change_for_user(request, pk)
+    change = change_gate_read(change=_get_change_for_user(request, pk))
     template = "reviews/change.html#gate-checks" if request.htmx else "reviews/change.html"
     return render(request, template, _context(request, change))
 
@@ -111,7 +116,8 @@ def change_decide(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
     try:
         review_decide(change=change, reviewer=request.user,
                       decision=form.cleaned_data["decision"], comment=form.cleaned_data["comment"],
-                      diff_sha256=form.cleaned_data["diff_sha256"])
+                      diff_sha256=form.cleaned_data["diff_sha256"],
+                      override_reason=form.cleaned_data["override_reason"])
     except Forbidden as exc:
         return _refused(request, change, str(exc))
     except DomainError as exc:

@@ -193,6 +193,8 @@ def gate_label(change: Change) -> tuple[str, str]:
     failing = [str(check.get("name", "?")) for check in change.failing_checks]
     if failing:
         return f"{len(failing)} check{'s' if len(failing) > 1 else ''} failing", ", ".join(failing)
+    if change.review_checks:
+        return "review required", ""
     if change.gate_passed:
         return "gate passed", ""
     return "gate not run", ""

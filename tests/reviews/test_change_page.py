@@ -13,11 +13,13 @@ from django.test import Client
 
 from agents.policies.llm import _news
 from infraops.errors import DomainError
-from infraops.models import AuditEntry, Goal, Target
+from infraops.models import AuditEntry, Goal, GoalVersion, Target
 from reviews.models import Change, ReviewComment, ReviewDecision
-from reviews.services import change_comment
+from reviews.services import change_comment, review_decide
 from reviews.services.submit import classify_diff
 from tests.factories import AgentRunFactory
+from tests.reviews.conftest import SERVING_TOML, CommitOn, criterion_finding, perf_finding
+from tests.reviews.test_merge import move_main
 
 
 def test_the_checks_panel_shows_each_check_with_its_reason(
@@ -30,11 +32,11 @@ def test_the_checks_panel_shows_each_check_with_its_reason(
     panel = page[page.index('<section id="gate-checks"'):page.index("</section>")]
     checks = dict(re.findall(r'data-check="([^"]+)">\s*<span class="mark" aria-label="(\w+)"',
                              panel))
-    assert checks["auto-merge"] == "failed"
-    assert checks["risk"] == "failed"
+    assert checks["auto-merge"] == "review"  # a reviewer decides: neutral, not failing
+    assert checks["risk"] == "review"
     assert checks["analysed"] == "passed"
     assert checks["base"] == "passed"
-    assert "checks failing</strong>: this change merges only when a reviewer approves it" in panel
+    assert "this change merges only when a reviewer approves it" in panel
     assert "production: 2 findings (first config/serving.toml:2" in panel
     assert "the change has no pinned goal version" in panel
 
@@ -186,3 +188,95 @@ def test_the_target_page_shows_each_goals_automatic_merge_setting(
 
     assert 'merge automatically: <strong class="auto-merge">off</strong>' in page
     assert "every change waits for a reviewer" in page
+
+
+def _panel(page: str) -> str:
+    return page[page.index('<section id="gate-checks"'):page.index("</section>")]
+
+
+def test_review_required_is_neutral_not_failing_in_the_panel_and_the_queue(
+    client: Client, reviewer: User, passing_submit: Callable[..., Change]
+) -> None:
+    # issue 27: "a reviewer decides" counted as failing, so every queued change looked broken
+    change = passing_submit(files={"config/serving.toml": SERVING_TOML})
+    client.force_login(reviewer)
+
+    panel = _panel(client.get(f"/reviews/changes/{change.pk}/").content.decode())
+    queue = client.get("/reviews/").content.decode()
+
+    assert 'data-check="risk">\n      <span class="mark" aria-label="review">' in panel
+    assert "<strong>Review required</strong>: the evidence passes" in panel
+    assert "failing" not in panel.split("<ul")[0]
+    assert change.failing_checks == []
+    assert '<span class="badge review"' in queue and "review required" in queue
+    assert "check failing" not in queue and "checks failing" not in queue
+
+
+def test_a_merged_change_says_what_it_merged_as_by_whom_and_over_which_checks(
+    client: Client, reviewer: User, config_change: Change
+) -> None:
+    review_decide(change=config_change, reviewer=reviewer, decision="approve")
+    config_change.refresh_from_db()
+    client.force_login(reviewer)
+
+    panel = _panel(client.get(f"/reviews/changes/{config_change.pk}/").content.decode())
+
+    assert config_change.status == Change.Status.MERGED
+    text = " ".join(panel.split())
+    assert (f"Merged as <code>{config_change.merged_commit[:10]}</code> by "
+            f"{reviewer.get_username()}, at ") in text
+    assert "over: Automatic merge allowed; No numerics, concurrency or production risk" in text
+    assert "merges only when a reviewer approves it" not in panel
+    assert "as they stood when it merged" in panel
+
+
+def test_the_panel_of_an_open_change_says_the_base_moved_when_it_has(
+    client: Client, reviewer: User, passing_submit: Callable[..., Change],
+    example_target: Target, commit_on: CommitOn
+) -> None:
+    # issue 27: "Base unmoved" stayed ticked after main moved
+    change = passing_submit(files={"config/serving.toml": SERVING_TOML})  # waits: risk
+    assert change.status == Change.Status.PENDING_REVIEW
+    move_main(example_target, commit_on, {"README.md": "Someone else's edit.\n"})
+    client.force_login(reviewer)
+
+    panel = _panel(client.get(f"/reviews/changes/{change.pk}/").content.decode())
+
+    assert 'data-check="base">\n      <span class="mark" aria-label="failed">' in panel
+    assert f"main moved from {change.base_commit[:10]}" in panel
+
+
+def test_approving_over_a_failed_criterion_takes_a_named_second_step(
+    client: Client, reviewer: User, passing_submit: Callable[..., Change],
+    auto_goal: GoalVersion
+) -> None:
+    # issue 27: a change whose acceptance criterion failed merged with one click, no warning
+    spec = auto_goal.spec["criteria"][0]
+    change = passing_submit(findings=[criterion_finding(spec, passed=False),
+                                      perf_finding("latency-bench", "latency_ms")])
+    failed = [str(c["title"]) for c in change.failing_checks]
+    assert failed and change.status == Change.Status.PENDING_REVIEW
+    client.force_login(reviewer)
+    url = f"/reviews/changes/{change.pk}/"
+    page = client.get(url).content.decode()
+    assert '<fieldset id="override"' in page and ">Approve and merge</button>" not in page
+    form = {"decision": "approve", "comment": "", "diff_sha256": change.diff_sha256}
+
+    first = client.post(f"{url}decide/", form, follow=True).content.decode()
+    change.refresh_from_db()
+    assert change.status == Change.Status.PENDING_REVIEW
+    assert "Approving merges over failing evidence: give your reason" in first
+    assert not change.decisions.exists()
+
+    client.post(f"{url}decide/", form | {"override_reason": "the criterion's probe is flaky"})
+    change.refresh_from_db()
+
+    assert change.status == Change.Status.MERGED
+    decision = change.decisions.get()
+    assert (decision.overridden_checks, decision.override_reason) == (
+        failed, "the criterion's probe is flaky")
+    audit = AuditEntry.objects.get(action="change.approve", object_id=str(change.pk))
+    assert audit.data["override"] == {"checks": failed,
+                                      "reason": "the criterion's probe is flaky"}
+    merged = client.get(url).content.decode()
+    assert '<span id="merged-over" class="badge bad">merged over failing checks</span>' in merged

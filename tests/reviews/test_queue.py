@@ -333,8 +333,8 @@ def test_a_user_without_a_role_is_forbidden(client: Client) -> None:
 def test_the_dashboards_link_opens_the_whole_queue_page(reviewer_client: Client,
                                                         mixed: dict[str, Change]) -> None:
     dashboard = reviewer_client.get("/").content.decode()
-    link = re.search(r'<a href="([^"]+)" hx-boost="true">3 changes awaiting review</a>',
-                     dashboard)
+    link = re.search(r'<a href="([^"]+)" hx-boost="true"><span id="awaiting-review-line">'
+                     r'3 changes awaiting review</span></a>', dashboard)
     assert link is not None
 
     # What htmx sends for a boosted link: it swaps the page's <body>.
@@ -409,6 +409,19 @@ def test_the_nav_counts_what_awaits_a_reviewer_with_classes(
         in page
 
 
+def test_the_dashboard_line_and_the_nav_count_agree_for_a_reviewer_with_classes(
+    client: Client, classed_reviewer: User, mixed: dict[str, Change]
+) -> None:
+    # issue 27: the dashboard counted every class while the nav counted the reviewer's
+    client.force_login(classed_reviewer)
+
+    page = client.get("/").content.decode()
+
+    assert 'title="awaiting review for me">(1)</span>' in page
+    assert '<span id="awaiting-review-line">1 change awaiting review</span>' in page
+    assert 'ws-connect="/ws/reviews/?page=dashboard"' in page  # the line is kept live
+
+
 def test_the_nav_counts_every_waiting_change_for_anyone_else(
     client: Client, viewer: User, mixed: dict[str, Change]
 ) -> None:
@@ -436,6 +449,22 @@ def session_headers(user: User | None) -> list[tuple[bytes, bytes]]:
 
 
 live = pytest.mark.django_db(transaction=True)
+
+
+def message_after(user: User, path: str, action: Callable[[], None]) -> str:
+    """What the socket at `path` sends `user` after `action`, once its first message is in."""
+    headers = session_headers(user)
+
+    async def scenario() -> str:
+        communicator = WebsocketCommunicator(application, path, headers=headers)
+        assert (await communicator.connect(timeout=TIMEOUT))[0]
+        await communicator.receive_from(timeout=TIMEOUT)
+        await sync_to_async(action)()
+        html = await communicator.receive_from(timeout=TIMEOUT)
+        await communicator.disconnect()
+        return str(html)
+
+    return str(run_async(scenario))
 
 
 @live
@@ -482,6 +511,23 @@ def test_the_socket_sends_the_new_count_after_queue_changed(
 
 
 @live
+def test_on_the_dashboard_the_socket_keeps_its_line_live_and_equal_to_the_nav(
+    close_thread_connections: None, viewer: User, example_target: Target
+) -> None:
+    # issue 27: the dashboard's "0 changes awaiting review" stayed 0 while the nav said (2)
+    def submit() -> None:
+        make_change(example_target, "one more", risk_classes=["numerics"])
+        queue_changed()
+
+    html = message_after(viewer, "/ws/reviews/?page=dashboard", submit)
+
+    waiting = Change.objects.filter(status=Status.PENDING_REVIEW).count()
+    assert f'title="awaiting review for me">({waiting})</span>' in html
+    assert (f'<span id="awaiting-review-line">{waiting} change{"s" * (waiting != 1)} '
+            "awaiting review</span>") in html
+
+
+@live
 def test_on_the_queue_page_the_socket_also_shows_the_refresh_banner(
     close_thread_connections: None, viewer: User, example_target: Target
 ) -> None:
@@ -489,20 +535,8 @@ def test_on_the_queue_page_the_socket_also_shows_the_refresh_banner(
         Change.objects.filter(title="waiting").update(status=Status.REJECTED)
         queue_changed()
 
-    headers = session_headers(viewer)
-
-    async def scenario() -> str:
-        communicator = WebsocketCommunicator(application, "/ws/reviews/?page=queue",
-                                             headers=headers)
-        assert (await communicator.connect(timeout=TIMEOUT))[0]
-        await communicator.receive_from(timeout=TIMEOUT)
-        await sync_to_async(decide)()
-        html = await communicator.receive_from(timeout=TIMEOUT)
-        await communicator.disconnect()
-        return str(html)
-
     make_change(example_target, "waiting")
-    html = run_async(scenario)
+    html = message_after(viewer, "/ws/reviews/?page=queue", decide)
 
     assert ">(0)</span>" in html
     assert '<p id="queue-stale" class="message" role="status">' in html

@@ -9,6 +9,7 @@ as recall and precision per class.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -70,3 +71,18 @@ def test_the_index_names_every_diff_of_the_corpus_once() -> None:
 
     assert sorted(named) == sorted(path.name for path in CORPUS.glob("*.diff"))
     assert len(set(named)) == len(named)
+
+
+VALIDATION = CORPUS / "validation"
+HELD_OUT = tomllib.loads((VALIDATION / "index.toml").read_text())["diff"]
+
+
+def test_the_validation_set_is_apart_and_names_a_real_commit_for_each_diff() -> None:
+    named = [str(entry["file"]) for entry in HELD_OUT]
+    labels = [set(entry["labels"]) for entry in HELD_OUT]
+
+    assert len(HELD_OUT) >= 60
+    assert sorted(named) == sorted(path.name for path in VALIDATION.glob("*.diff"))
+    assert not set(named) & {str(entry["file"]) for entry in INDEX}
+    assert all(label <= CLASSES for label in labels)
+    assert all(re.search(r"\b[0-9a-f]{7,40}\b", entry["modelled_on"]) for entry in HELD_OUT)

@@ -1,0 +1,326 @@
+"""Families of risky change the per-language analysers miss, and the fail-closed rule. Pure.
+
+Issue 27 measured the analysers on diffs they had never seen: tile, block and split-K sizes
+set at module level or in a launcher, loosened tolerances and changed seeds in tests, float
+atomics, warp-shuffle masks and moved barriers, serving replicas in decorators, environment
+variables set from Python and dtypes in config files went through with no finding. Each is a
+*family* here (one pattern over the names such code uses, not one example), searched on the
+changed lines with comments blanked and strings masked (``lexers``).
+
+Contract: ``family_findings(change, language, found)`` returns the extra findings of one file
+(order keys as ``analysers.analyse``), given the file's language and what the analysers
+``found``. Test files get only the test families (a loosened tolerance, a changed seed). And
+the classifier fails closed: in a file that holds kernels, launchers, a forward pass, serving
+or deployment, a changed line whose numbers, dtypes, call arguments or environment values
+differ, with no finding in the whole file, is ``unclassified``: a reviewer decides.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from reviews.risk import files
+from reviews.risk.code import MoveIndex
+from reviews.risk.diff import ADDED, CONTEXT, REMOVED, DiffLine, FileChange, Hunk
+from reviews.risk.findings import MAX_TEXT, Finding
+from reviews.risk.lexers import Lexed, lex_c, lex_python
+from reviews.risk.lines import Ordered
+from reviews.risk.signatures import (
+    ATOMICS,
+    CONCURRENCY,
+    NUMERICS,
+    PRECISION,
+    PRODUCTION,
+    SERVING,
+    SYNC,
+    THREADS,
+    UNCLASSIFIED,
+    UNSURE,
+)
+
+_NUMBER = re.compile(r"(?<![\w.])(?:0[xX][0-9a-fA-F]+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+)"
+                     r"[uUlLfF]*")
+_TILE_NAME = (r"(?:\w*(?:BLOCK|TILE|SPLIT|SPLITS|CHUNK|WARPS|STAGES|TACTICS?|CONFIGS?)\w*|"
+              r"\w*(?:block|tile|split|chunk)_\w*|\w*_(?:block|tile|tiles|split|splits|chunk)|"
+              r"num_warps|num_stages|num_ctas|B[TKVSMNDCH]|BLOCK|BS|NV|NK)")
+_TILING = re.compile(rf"(?:^|[\s,(]){_TILE_NAME}\s*(?::\s*[\w.\[\], ]+)?=(?!=)|"
+                     r"\btriton\.Config\(|\bfor\s+B[A-Z]?\s+in\s+\[")
+_OPENS_TABLE = re.compile(rf"^\s*{_TILE_NAME}\s*(?::[^=]*)?=\s*[\[({{]\s*$")
+_TOLERANCE = re.compile(r"(?i)\b(?:a?tol|rtol|atol|tolerance|eps|ratio|err_ratio|"
+                        r"assert_close|allclose|assert_allclose|isclose|check_close)\b")
+_SEED = re.compile(r"(?i)\b(?:\w*seed\w*|random_state)\b")
+_FLOAT_ATOMIC = re.compile(r"\b(?:atomicAdd\w*|atomic_add|atomic_fetch_add|atomicAdd_system|"
+                           r"index_add_?|scatter_add_?|scatter_reduce_?|index_put_)\b|"
+                           r"\bred\.\w*\.?add\.f")
+_WARP_SYNC = re.compile(r"\b(?:__shfl\w*|__ballot_sync|__any_sync|__all_sync|__activemask|"
+                        r"__syncwarp|__syncthreads\w*|__threadfence\w*|memory_fence\w*|"
+                        r"barrier_block|named_barrier\w*|mbarrier\w*|fence_\w+|"
+                        r"debug_barrier|cp_async_wait\w*)\b|\bbar(?:rier)?\.(?:sync|arrive)\b|"
+                        r"\bfence\.\w+")
+_ENV_SET = re.compile(r"\b(?:os\.environ\s*\[[^\]]*\]\s*=(?!=)|os\.environ\.(?:setdefault|"
+                      r"update)\s*\(|os\.putenv\s*\(|(?:setenv|putenv)\s*\()")
+_ENV_CONCURRENCY = re.compile(r"(?i)THREADS|CONNECTIONS|BLOCKING|ASYNC|STREAMS|WORKERS")
+_REPLICAS = re.compile(r"\b(?:(?:num|min|max|initial)_replicas|replicas|(?:min|max)_containers|"
+                       r"keep_warm|buffer_containers|scaledown_window|autoscaling_config|"
+                       r"max_ongoing_requests|max_concurrent_queries|allow_concurrent_inputs|"
+                       r"concurrency_limit|num_gpus)\s*[=:]")
+_DECORATOR = re.compile(r"^\s*@")
+_DTYPE = re.compile(r"\b(?:torch|tl|np|numpy|jnp|cutlass|cute)\.(?:u?int\d+|float\d*\w*|bfloat16|"
+                    r"half|double|e4m3\w*|e5m2\w*)\b|\bdtype\s*=|\.(?:half|float|double|"
+                    r"bfloat16)\(\)|\.to\(\s*(?:torch|tl)\.")
+_CONFIG_DTYPE = re.compile(r"(?i)(?:^|[\s\"'{,])[\w.-]*(?:dtype|precision|quant\w*|"
+                           r"compute_type|amp|fp8|fp16|bf16|kv_cache_type)[\w.-]*[\"']?\s*[:=]")
+_LOG_OR_RAISE = re.compile(r"^\s*(?:raise\b|print\(|\w*\.?(?:log|logger|logging|warn|warning|"
+                           r"info|debug|error)\w*\(|warnings\.warn\()")
+_CALL = re.compile(r"([\w.]+)\s*\([^)]")
+_VALUE = re.compile(r"(?<![\w.])(?:[2-9]|\d\d+|\d*\.\d+)|\bdtype\b")
+_TRAILING_COMMA = re.compile(r",([)\]}])")
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_DEF = re.compile(r"^\s*(?:async\s+def|def|class|import|from|@)\b|^\s*@")
+_INTEGER_INCREMENT = re.compile(r",\s*-?\d+\s*\)")
+# Where a changed number decides what runs or how it is computed: kernels, launchers, forward
+# passes, serving and deployment (issue 27, "fail closed"). Known by the path's folders for
+# kernels and deployment, by the lines for the rest: a `serving/` folder also holds plain
+# Python (a request queue, a cost model) whose constants are nobody's numerics.
+_RISKY_PATH = re.compile(r"(?i)(?:^|/)(?:ops|kernels?|csrc|cuda|triton|layers|models?|"
+                         r"deploy\w*|launch\w*|comm|moe\w*|attention|gemm|jit)(?:/|\.|_|$)")
+_RISKY_CODE = re.compile(r"@triton\.jit|\btl\.\w|__global__|__device__|\bdef\s+forward\b|"
+                         r"<<<|\bT\.Kernel\b|\bcute\.\w|\btorch\.\w|asm\s+volatile|"
+                         r"\b(?:uvicorn|serve|app|server)\.(?:run|start|deployment)\b|"
+                         r"\bos\.environ\b")
+
+
+def family_findings(change: FileChange, language: str | None, found: Sequence[Ordered],
+                    moves: MoveIndex | None = None) -> list[Ordered]:
+    """The families' findings of one file and, when nothing at all was found in a file that
+    runs kernels or serves, the fail-closed ``unclassified`` ones (see the module docstring)."""
+    test = files.is_test(change.path)
+    code = language in (files.PYTHON, files.CYTHON, files.NATIVE, files.SHADER)
+    config = language in files.CONFIG_LANGUAGES
+    if not (code or config):
+        return []
+    lexer = lex_python if language in (files.PYTHON, files.CYTHON) else lex_c
+    out: list[Ordered] = []
+    unsure: list[Ordered] = []
+    risky = not test and code and _holds_risky_code(change)
+    for h, hunk in enumerate(change.hunks):
+        if code and not test:
+            out += [((h, i), _finding(change, hunk.lines[i], SYNC, CONCURRENCY,
+                                      "moves code across a barrier: what the other threads "
+                                      "see when they pass it"))
+                    for i in _across_barrier(hunk)]
+        for i, line in enumerate(_lines(hunk, lexer, config)):
+            if line.kind == CONTEXT:
+                continue
+            order = (h, i)
+            hits = (_test_hits if test else _config_hits if config else _code_hits)(line)
+            out += [(order, _finding(change, hunk.lines[i], rule, category, reason))
+                    for rule, category, reason in hits]
+            moved = moves is not None and moves.elsewhere(change.path, hunk.lines[i])
+            if risky and not hits and not moved and _changes_a_value(line):
+                unsure.append((order, _finding(
+                    change, hunk.lines[i], UNSURE, UNCLASSIFIED,
+                    "changes a number, dtype, call argument or environment value in code that "
+                    "runs kernels or serves, and no rule knows it: a reviewer decides")))
+    if not found and not out:
+        return unsure
+    return out
+
+
+@dataclass(frozen=True)
+class _Line:
+    """One line of a hunk as the families read it."""
+
+    kind: str
+    text: str  # the raw line
+    code: str  # comments blanked, strings masked (config files: the raw line)
+    table: str  # the tile table (``BLOCKS = [``) the line sits in, "" if none
+    twin: str | None  # the other side's line of the same shape, numbers aside
+    kin: str | None  # the other side's line of the same form, numbers and names aside
+    other: str  # every line of the other side, joined: what the change did not touch
+
+
+def _lines(hunk: Hunk, lexer: Callable[[Sequence[str]], list[Lexed]],
+           config: bool) -> Iterator[_Line]:
+    """The hunk's lines with their counterparts on the other side (see ``_Line``)."""
+    texts = [line.text for line in hunk.lines]
+    masked = texts if config else [item.code for item in lexer(texts)]
+    table = ""
+    shapes: dict[str, dict[str, str]] = {ADDED: {}, REMOVED: {}}
+    forms: dict[str, dict[str, str]] = {ADDED: {}, REMOVED: {}}
+    sides: dict[str, list[str]] = {ADDED: [], REMOVED: []}
+    for line, code in zip(hunk.lines, masked, strict=True):
+        if line.kind != CONTEXT:
+            shapes[line.kind].setdefault(_shape(code), code)
+            forms[line.kind].setdefault(_form(code), code)
+            sides[line.kind].append(" ".join(code.split()))
+    joined = {kind: "\n".join(lines) + "\n" + _squash("".join(lines))
+              for kind, lines in sides.items()}
+    for line, code in zip(hunk.lines, masked, strict=True):
+        if _OPENS_TABLE.match(code):
+            table = code
+        elif code.strip()[:1] in ("]", ")", "}") and not code.startswith((" " * 8, "\t\t")):
+            table = ""
+        if line.kind == CONTEXT:
+            yield _Line(line.kind, line.text, code, table, None, None, "")
+            continue
+        other = REMOVED if line.kind == ADDED else ADDED
+        yield _Line(line.kind, line.text, code, table, shapes[other].get(_shape(code)),
+                    forms[other].get(_form(code)), joined[other])
+
+
+def _across_barrier(hunk: Hunk) -> list[int]:
+    """The changed lines that moved from one side of an unchanged barrier to the other: the
+    diff shows the statement moving, but what changed is the barrier's place."""
+    lines = hunk.lines
+    barriers = [k for k, line in enumerate(lines)
+                if line.kind == CONTEXT and _WARP_SYNC.search(line.text)]
+    out: list[int] = []
+    for k in barriers:
+        before = {" ".join(line.text.split()): line.kind for line in lines[:k]
+                  if line.kind != CONTEXT}
+        for i in range(k + 1, len(lines)):
+            line = lines[i]
+            kind = before.get(" ".join(line.text.split()))
+            if line.kind != CONTEXT and kind is not None and kind != line.kind:
+                out.append(i)
+    return out
+
+
+def _shape(code: str) -> str:
+    return _NUMBER.sub("N", " ".join(code.split()))
+
+
+def _form(code: str) -> str:
+    """The line with names and numbers blanked: two lines of one form differ only in what
+    they call things (a rename) or in their numbers."""
+    return _NAME.sub("x", _shape(code))
+
+
+def _new(pattern: re.Pattern[str], line: _Line) -> bool:
+    """Whether the line has a match of ``pattern`` that the other side lacks: a match that
+    only moved, or sits on a renamed or re-wrapped line, is no change."""
+    return any(_untouched(m.group(), line) is False for m in pattern.finditer(line.code))
+
+
+def _untouched(text: str, line: _Line) -> bool:
+    """Whether ``text`` is on the other side too, whatever its layout (a re-wrapped call)."""
+    return " ".join(text.split()) in line.other or _squash(text) in line.other
+
+
+def _squash(text: str) -> str:
+    """The text without layout: no whitespace, no trailing comma before a bracket."""
+    return _TRAILING_COMMA.sub(r"\1", "".join(text.split()))
+
+
+def _numbers_differ(line: _Line) -> bool:
+    kin = line.twin if line.twin is not None else line.kin
+    return kin is not None and _NUMBER.findall(kin) != _NUMBER.findall(line.code)
+
+
+_Hit = tuple[str, str, str]
+
+
+def _code_hits(line: _Line) -> list[_Hit]:
+    code, text = line.code, line.text
+    hits: list[_Hit] = []
+    tiling = (_TILING.search(code) or line.table) and not _untouched(code, line)
+    if line.kin is not None and not _numbers_differ(line):
+        tiling = False  # a rename
+    if tiling and _NUMBER.search(code + (line.twin or "")):
+        hits.append((PRECISION, NUMERICS, "changes a tile, block, split or warp size: the "
+                     "reduction order and so the rounding of the result"))
+    if _new(_FLOAT_ATOMIC, line):
+        if not _INTEGER_INCREMENT.search(code):
+            hits.append((PRECISION, NUMERICS, "adds or removes an atomic accumulation: the "
+                         "order of a float sum, and so its rounding, changes run to run"))
+        hits.append((ATOMICS, CONCURRENCY, "changes an atomic accumulation: several threads "
+                     "write the same address"))
+    if _WARP_SYNC.search(code):  # a barrier that only moved is the change: no _new here
+        hits.append((SYNC, CONCURRENCY, "changes a warp shuffle, barrier or fence: which "
+                     "threads wait for which, and what they see"))
+    if _ENV_SET.search(code) and not _untouched(code, line):
+        hits.append((SERVING, PRODUCTION, "sets an environment variable from Python: how "
+                     "NCCL, CUDA or the server behave in production"))
+        if _ENV_CONCURRENCY.search(text):
+            hits.append((THREADS, CONCURRENCY, "sets an environment variable that decides "
+                         "threads, streams, connections or blocking"))
+    if _REPLICAS.search(code) and (_DECORATOR.match(code) or "deploy" in code) and (
+            _numbers_differ(line) or _new(_REPLICAS, line)):
+        hits.append((SERVING, PRODUCTION, "changes the replicas or containers that serve"))
+    if _new(_DTYPE, line):
+        hits.append((PRECISION, NUMERICS, "changes a dtype or a cast"))
+    if _SEED.search(code) and _numbers_differ(line):
+        hits.append((PRECISION, NUMERICS, "changes a random seed"))
+    return _distinct(hits)
+
+
+def _test_hits(line: _Line) -> list[_Hit]:
+    """A test changes what passes: a tolerance loosened or a seed changed lets a numerics
+    change through; a new test or a tighter tolerance does not."""
+    hits: list[_Hit] = []
+    if line.twin is not None and _TOLERANCE.search(line.code) and _loosened(line):
+        hits.append((PRECISION, NUMERICS, "loosens a tolerance in a test: what used to fail "
+                     "now passes"))
+    if _SEED.search(line.code) and _numbers_differ(line):
+        hits.append((PRECISION, NUMERICS, "changes the seed a test compares results under"))
+    return hits
+
+
+def _config_hits(line: _Line) -> list[_Hit]:
+    if not _CONFIG_DTYPE.search(line.text) or line.text.strip() in line.other:
+        return []
+    return [(PRECISION, NUMERICS, "changes a dtype or precision in a config file"),
+            (SERVING, PRODUCTION, "changes the dtype or precision a deployment runs with")]
+
+
+def _loosened(line: _Line) -> bool:
+    """Whether the added side of the line allows more than the removed side: a larger number
+    in the same place (the removed line of a loosening is flagged with it)."""
+    here = [_value(m) for m in _NUMBER.findall(line.code)]
+    there = [_value(m) for m in _NUMBER.findall(line.twin or "")]
+    new, old = (here, there) if line.kind == ADDED else (there, here)
+    return any(a > b for a, b in zip(new, old, strict=False))
+
+
+def _value(text: str) -> float:
+    try:
+        return float(text.rstrip("uUlLfF")) if not text.lower().startswith("0x") else float(
+            int(text, 16))
+    except ValueError:
+        return 0.0
+
+
+def _changes_a_value(line: _Line) -> bool:
+    """Whether a changed code line changes a number, a dtype or a call's arguments: a line
+    whose change lies only in strings (log text), comments or names (a rename) does not, nor
+    a line moved within the hunk."""
+    code = line.code
+    if not code.strip() or _LOG_OR_RAISE.match(code) or _DEF.match(code):
+        return False
+    if _untouched(code, line):
+        return False
+    if line.kin is not None:
+        return _numbers_differ(line)
+    return bool(_VALUE.search(code)) or any(
+        f"{m.group(1)}(" in line.other for m in _CALL.finditer(code))  # other arguments
+
+
+def _holds_risky_code(change: FileChange) -> bool:
+    if _RISKY_PATH.search(change.path):
+        return True
+    return any(_RISKY_CODE.search(line.text) for hunk in change.hunks for line in hunk.lines
+               ) or any(_RISKY_CODE.search(hunk.section) for hunk in change.hunks)
+
+
+def _distinct(hits: list[_Hit]) -> list[_Hit]:
+    """The first hit of each rule: a finding is one per rule and line."""
+    return list({hit[0]: hit for hit in reversed(hits)}.values())[::-1]
+
+
+def _finding(change: FileChange, line: DiffLine, rule: str, category: str,
+             reason: str) -> Finding:
+    return Finding(category, rule, reason, change.path, line.number, line.text[:MAX_TEXT],
+                   line.kind, "")
