@@ -268,7 +268,7 @@ def test_a_variant_the_column_refuses_fails_the_experiment_with_the_database_err
     assert result.failure_reason.startswith("unexpected error DataError: ")
     assert "character varying(200)" in result.failure_reason
     assert "(at infraops/experiments/services.py:" in result.failure_reason
-    assert "in _record)" in result.failure_reason
+    assert "in _record_execution)" in result.failure_reason
     assert not ProbeExecution.objects.filter(experiment=experiment).exists()
 
 
