@@ -4,12 +4,15 @@ through the database and the web pages, as a user would see it.
 
     python3 bench/gpu_worker.py OUT_DIR [--port 8321] [--deadline 900] [--gpu off] [--goal NAME]
                                         [--remote-workers]
-    python3 bench/gpu_worker.py OUT_DIR --fla [--deadline 900]
+    python3 bench/gpu_worker.py OUT_DIR --fla [--deadline 900] [--max-experiments N]
 
 `--fla`: the flash-linear-attention targets instead (examples/fla-kda, examples/fla-cp, built
 from the installed fla-core): the standalone with its scripted model (`--demo-llm`), then every
-goal of both, the KDA tuner, the CP tuner and the CP LLM agent, run at once (the GPU worker
-takes their experiments one at a time).
+goal of both, the KDA tuner, the CP tuner and the CP LLM agent, one run after the other: the
+GPU worker takes one experiment at a time, so runs started together would all end last and a
+deadline would cut every one of them short. `--max-experiments N` lowers each goal's boundary
+to at most N experiments first, as an engineer would in the goal editor to fit a GPU lease
+(the summary names the cap).
 
 Run it with the Python that holds torch and Triton and the product's packages, as root (the
 sandbox user), with INFRAOPS_SANDBOX_TOOLCHAINS naming that Python's environment when it is not
@@ -65,6 +68,8 @@ def main() -> int:
                         help="off: a smoke test of this script on a machine without a GPU.")
     parser.add_argument("--fla", action="store_true",
                         help="Run the goals of the flash-linear-attention targets.")
+    parser.add_argument("--max-experiments", type=int, default=None,
+                        help="--fla: lower each goal's experiment budget to at most this.")
     parser.add_argument("--remote-workers", action="store_true",
                         help="The experiment workers as workers of another host: a data folder "
                              "of their own, the web over HTTP (standalone --remote-workers).")
@@ -87,6 +92,10 @@ def main() -> int:
         lines = wait_for_page(standalone, log, started + 300)
         password = next(m[1] for line in lines
                         if (m := re.match(r"Created admin \(.*\) with password (\S+)", line)))
+        for line in lines:  # its scripted model: this process starts the LLM goal's run
+            if model := re.search(r"scripted model on port (\d+)", line):
+                os.environ |= {"OPENAI_BASE_URL": f"http://127.0.0.1:{model[1]}/v1",
+                               "INFRAOPS_MODEL": "infraops-demo", "OPENAI_API_KEY": "demo"}
         summary = drive(data, args, password, started, standalone, log, servers)
         if args.remote_workers:
             summary["remote_worker_cache"] = sorted(
@@ -200,41 +209,55 @@ FLA_TARGETS = ("fla-kda", "fla-cp")
 
 def drive_fla(args: argparse.Namespace, password: str, started: float, page_seconds: float
               ) -> dict[str, Any]:
-    """Every goal of the flash-linear-attention targets at once; each run described, its pages
-    read, its figures named after its goal's target and policy."""
+    """Every goal of the flash-linear-attention targets, one run after the other until the
+    deadline; each run described, its pages read, its figures named after its goal's target
+    and policy."""
     from django.core.management import call_command
 
     from agents.models import AgentRun
+    from infraops.models import Boundary, Goal
 
-    for target in FLA_TARGETS:
-        call_command("start_runs", target)
-    run_started = time.monotonic()
-    runs = list(AgentRun.objects.filter(goal_version__goal__target__name__in=FLA_TARGETS)
-                .select_related("goal_version__goal__target").order_by("pk"))
+    goals = list(Goal.objects.filter(target__name__in=FLA_TARGETS)
+                 .select_related("target").order_by("target__name", "pk"))
+    goals.sort(key=lambda goal: FLA_TARGETS.index(goal.target.name))
+    if args.max_experiments is not None:
+        Boundary.objects.filter(goal__in=goals, max_experiments__gt=args.max_experiments
+                                ).update(max_experiments=args.max_experiments)
+    runs = []
+    for goal in goals:
+        if time.monotonic() > started + args.deadline:
+            break
+        call_command("start_runs", goal.target.name, goal=[goal.name])
+        run = AgentRun.objects.filter(goal_version__goal=goal).order_by("pk").last()
+        if run is None:
+            continue  # start_runs said why (no endpoint for an LLM goal, no GPU worker)
+        runs.append((run, time.monotonic()))
+        while not run.is_finished and time.monotonic() < started + args.deadline:
+            time.sleep(5)
+            run.refresh_from_db()
     if not runs:
         raise SystemExit("start_runs started no run on the fla targets (its output above says "
                          "why: is fla-core installed, is a GPU worker coming?)")
-    while (any(not run.is_finished for run in runs)
-           and time.monotonic() < started + args.deadline):
-        time.sleep(5)
-        for run in runs:
-            run.refresh_from_db()
     described = []
     found: list[tuple[str, float, str]] = [("gpu_standalone_page_s", round(page_seconds, 1),
                                             "s")]
-    for run in runs:
+    for run, run_started in runs:
+        run.refresh_from_db()
         goal = run.goal_version.goal
         name = f"{goal.target.name}_{goal.policy}".replace("-", "_")
         summary = describe(run)
         summary["goal"] = {"target": goal.target.name, "name": goal.name,
-                           "policy": goal.policy}
+                           "policy": goal.policy,
+                           "max_experiments": run.goal_version.spec["boundary"]["max_experiments"]}
         summary["pages"] = fetch_pages(args, password, run, summary, prefix=name)
+        seconds = ((run.finished_at - run.created_at).total_seconds()
+                   if run.finished_at else time.monotonic() - run_started)
         summary["figures"] = [(f"{name}_{figure}", value, unit) for figure, value, unit in
-                              figures(summary, page_seconds, time.monotonic() - run_started)
+                              figures(summary, page_seconds, seconds)
                               if figure != "gpu_standalone_page_s"]
         found += summary["figures"]
         described.append(summary)
-    return {"runs": described, "figures": found}
+    return {"runs": described, "figures": found, "max_experiments": args.max_experiments}
 
 
 def describe(run: Any) -> dict[str, Any]:
