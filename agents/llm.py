@@ -172,12 +172,16 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class LLMReply:
+    """The model's answer. ``reasoning``: a reasoning model's thinking where the server sends
+    it (``reasoning_content``, or ``reasoning``), for people to read; it is never sent back."""
+
     content: str | None
     tool_calls: tuple[ToolCall, ...]
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
+    reasoning: str | None = None
 
 
 class LLMError(Exception):
@@ -458,6 +462,8 @@ def _reply_from_body(content: bytes, config: LLMConfig, apply: Callable[[str], s
     if not isinstance(message, dict):
         raise malformed("its first choice has no message")
     text = message.get("content")
+    reasoning = next((value for key in ("reasoning_content", "reasoning")
+                      if isinstance(value := message.get(key), str) and value.strip()), None)
     finish_reason = choices[0].get("finish_reason")
     if not isinstance(text, str | None) or not isinstance(finish_reason, str | None):
         raise malformed("its message content or finish_reason is not a string")
@@ -476,6 +482,7 @@ def _reply_from_body(content: bytes, config: LLMConfig, apply: Callable[[str], s
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         cost_usd=cost,
+        reasoning=apply(reasoning) if reasoning else None,
     )
 
 

@@ -70,6 +70,7 @@ NO_PROGRESS_EXPERIMENTS = 5
 RETRY_FIRST_WAIT = 2.0  # seconds; doubled per attempt up to RETRY_LONGEST_WAIT
 RETRY_LONGEST_WAIT = 60.0
 ARGUMENTS_KEPT = 20_000
+REASONING_KEPT = 20_000  # characters of the model's reasoning a step keeps for its page
 
 # The first sentence fits the goal's kind (goal_kind); the rest is the same for every run.
 ROLES = {
@@ -95,6 +96,25 @@ change only with an experiment on exactly that diff as evidence. Call finish whe
 def untrusted(text: str) -> str:
     # The closing marker is escaped inside the data, so data cannot end the block early.
     return "<untrusted>\n" + text.replace("</untrusted>", "<\\/untrusted>") + "\n</untrusted>"
+
+
+_UNTRUSTED_BLOCK = re.compile(r"<untrusted>\n?(.*?)(?:\n?</untrusted>|\Z)", re.S)
+
+
+def untrusted_parts(text: str) -> list[tuple[str, bool]]:
+    """``text`` as (part, untrusted) in order, the blocks untrusted() made without their
+    markers and with the escaped closing marker as the data had it: for people, who need the
+    mark and not the tags (the run page). A block cut before its end is untrusted to the end."""
+    parts: list[tuple[str, bool]] = []
+    start = 0
+    for block in _UNTRUSTED_BLOCK.finditer(text):
+        if block.start() > start:
+            parts.append((text[start:block.start()], False))
+        parts.append((block.group(1).replace("<\\/untrusted>", "</untrusted>"), True))
+        start = block.end()
+    if start < len(text):
+        parts.append((text[start:], False))
+    return parts
 
 
 def llm_config(model: str) -> llm.LLMConfig:
@@ -203,8 +223,8 @@ def _run_calls(run: AgentRun, prepared: Prepared, reply: llm.LLMReply,
          "function": {"name": c.name, "arguments": c.arguments[:ARGUMENTS_KEPT]}}
         for c in reply.tool_calls])
     outcome = StepOutcome(
-        summary=_first_line(reply.content) or f"called {names or 'no tool'}", tool=names,
-        calls=calls, record={"news": prepared.news, "assistant": assistant}, result=usage,
+        summary=_first_line(reply.content) or called_summary(names), tool=names,
+        calls=calls, record=_record(prepared, assistant, reply), result=usage,
         verdict=_verdict(calls), experiment=ctx.effects.experiment,
         wait_for=ctx.effects.wait_for)
     if ctx.effects.finish is not None:
@@ -221,9 +241,19 @@ def _cut(reply: llm.LLMReply, prepared: Prepared, usage: dict[str, Any]) -> Step
     names = ", ".join(c.name for c in reply.tool_calls) or "no tool call"
     return StepOutcome(
         summary=f"The model's answer was cut at its output limit ({names}); it is asked again.",
-        record={"news": prepared.news, "assistant": _assistant_message(reply.content, []),
-                "cut": names},
+        record=_record(prepared, _assistant_message(reply.content, []), reply) | {"cut": names},
         result=usage, verdict=f"answer cut at the output limit: {names} not run"[:300])
+
+
+def _record(prepared: Prepared, assistant: dict[str, Any],
+            reply: llm.LLMReply) -> dict[str, Any]:
+    """What the step keeps of its turn (Step.arguments): the news it was sent and the answer
+    as the next requests replay it; the model's reasoning, where it gave any, only for the run
+    page (servers refuse it back in a request), cut and redacted like a tool's output."""
+    record = {"news": prepared.news, "assistant": assistant}
+    if reply.reasoning:
+        record["reasoning"] = llm.redact(reply.reasoning[:REASONING_KEPT], known_secrets())
+    return record
 
 
 def _assistant_message(content: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -235,6 +265,12 @@ def _assistant_message(content: str | None, calls: list[dict[str, Any]]) -> dict
     if calls:
         message["tool_calls"] = calls
     return message
+
+
+def called_summary(names: str) -> str:
+    """A step's summary when the model said nothing: the tools it called (the run page leaves
+    it out, as the step's call lines say it)."""
+    return f"called {names or 'no tool'}"
 
 
 def _first_line(content: str | None) -> str:
