@@ -172,12 +172,16 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class LLMReply:
+    """The model's answer. ``reasoning``: a reasoning model's thinking where the server sends
+    it (``reasoning_content``, or ``reasoning``), for people to read; it is never sent back."""
+
     content: str | None
     tool_calls: tuple[ToolCall, ...]
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
+    reasoning: str | None = None
 
 
 class LLMError(Exception):
@@ -338,15 +342,15 @@ def chat(
                 if final:
                     raise LLMError(
                         f"LLM endpoint {config.endpoint} did not answer within "
-                        f"{config.timeout:g} s ({attempt + 1} attempts)", transient=True
+                        f"{config.timeout:g} s{_attempts(attempt)}", transient=True
                     ) from err
                 wait, reason = _backoff(attempt), f"no answer within {config.timeout:g} s"
             except openai.APIConnectionError as err:
                 cause = apply(str(err.__cause__ or err))[:_BODY_EXCERPT]
                 if final:
                     raise LLMError(
-                        f"LLM endpoint {config.endpoint} could not be reached "
-                        f"({attempt + 1} attempts): {cause}", transient=True
+                        f"LLM endpoint {config.endpoint} could not be reached"
+                        f"{_attempts(attempt)}: {cause}", transient=True
                     ) from err
                 wait, reason = _backoff(attempt), f"could not connect: {cause}"
             except openai.OpenAIError as err:
@@ -357,6 +361,14 @@ def chat(
                 on_wait(wait, attempt + 1, reason)
             time.sleep(wait)
             attempt += 1
+
+
+def _attempts(attempt: int, word: str = "") -> str:
+    """" (3 attempts)" or " after 3 attempts" for a turn that tried more than once; "" for
+    one request (the agent's steps send one each and count their tries themselves)."""
+    if attempt == 0:
+        return ""
+    return f" {word} {attempt + 1} attempts" if word else f" ({attempt + 1} attempts)"
 
 
 def _backoff(attempt: int) -> float:
@@ -393,8 +405,8 @@ def _wait_after_status(
                 status_code=status,
             )
         if final:
-            raise LLMError(f"{said} after {attempt + 1} attempts: {excerpt}", status_code=status,
-                           transient=True)
+            raise LLMError(f"{said}{_attempts(attempt, 'after')}: {excerpt}",
+                           status_code=status, transient=True)
         return max(_backoff(attempt), retry_after or 0.0)
     raise LLMError(f"{said}: {excerpt}", status_code=status)
 
@@ -450,6 +462,8 @@ def _reply_from_body(content: bytes, config: LLMConfig, apply: Callable[[str], s
     if not isinstance(message, dict):
         raise malformed("its first choice has no message")
     text = message.get("content")
+    reasoning = next((value for key in ("reasoning_content", "reasoning")
+                      if isinstance(value := message.get(key), str) and value.strip()), None)
     finish_reason = choices[0].get("finish_reason")
     if not isinstance(text, str | None) or not isinstance(finish_reason, str | None):
         raise malformed("its message content or finish_reason is not a string")
@@ -468,6 +482,7 @@ def _reply_from_body(content: bytes, config: LLMConfig, apply: Callable[[str], s
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         cost_usd=cost,
+        reasoning=apply(reasoning) if reasoning else None,
     )
 
 

@@ -12,6 +12,7 @@ from django.contrib import messages
 from django.core.cache import caches
 from django.db import connections, router
 from django.db.models import QuerySet
+from django.db.models.fields.json import KT
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
 from django.template.loader import get_template
@@ -22,6 +23,7 @@ from agents import services
 from agents.charts import evolution_svg
 from agents.goals import evolution, goal_progress
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
+from agents.policies.llm import called_summary, untrusted_parts
 from infraops.access import (
     AuthenticatedHttpRequest,
     get_visible_or_404,
@@ -161,6 +163,47 @@ def _cut_values(value: Any, depth: int = 0) -> Any:
 
 
 CALL_BADGES = {"ok": "info", "refused": "bad", "malformed": "warn", "failed": "fail"}
+LINE_VALUE_CUT = 80  # characters of one argument value in a call's one-line form
+LINE_CUT = 240  # characters of a call's arguments in its one-line form
+
+
+def _one_line(arguments: Any) -> str:
+    """A call's arguments on one line, `key=value` each, long values cut: the transcript's
+    line; the call's details hold them whole."""
+    if not isinstance(arguments, dict):
+        return ""
+    pairs = []
+    for key, value in arguments.items():
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False,
+                                                                 default=str)
+        text = " ".join(text.split())
+        if len(text) > LINE_VALUE_CUT:
+            text = text[:LINE_VALUE_CUT] + "…"
+        pairs.append(f"{key}={text}")
+    line = " ".join(pairs)
+    return line if len(line) <= LINE_CUT else line[:LINE_CUT] + "…"
+
+
+@dataclass(frozen=True)
+class ContentPart:
+    """A piece of what a tool gave back: `untrusted` for repository content and probe output
+    (agents.policies.llm.untrusted), shown marked instead of with the tags the model reads."""
+
+    text: str
+    untrusted: bool
+
+
+def _content_parts(content: str, limit: int) -> tuple[list[ContentPart], int]:
+    """The content's parts within `limit` characters in all, and how many were left out.
+    Split before the cut, so a cut never leaves half a marker on the page."""
+    parts, budget, more = [], limit, 0
+    for text, marked in untrusted_parts(content):
+        shown = text[:budget]
+        more += len(text) - len(shown)
+        budget -= len(shown)
+        if shown:
+            parts.append(ContentPart(shown, marked))
+    return parts, more
 
 
 @dataclass(frozen=True)
@@ -171,10 +214,11 @@ class CallView:
     name: str
     state: str  # ok, refused, malformed or failed
     reason: str
+    line: str  # the arguments on one line (_one_line)
     arguments: str
     arguments_more: int
     raw: str
-    content: str
+    parts: list[ContentPart]
     content_more: int
 
     @property
@@ -207,28 +251,46 @@ class CallView:
         else:
             state, reason = "failed", error
         shown_arguments, arguments_more = _cut(pretty, ARGUMENTS_CUT)
-        shown_content, content_more = _cut(content, CONTENT_CUT)
+        parts, content_more = _content_parts(content, CONTENT_CUT)
         return cls(id=str(call.get("id") or ""), name=str(call.get("name") or "?"), state=state,
-                   reason=reason[:500], arguments=shown_arguments, arguments_more=arguments_more,
-                   raw=raw, content=shown_content, content_more=content_more)
+                   reason=reason[:500], line=_one_line(arguments) if not raw else raw[:LINE_CUT],
+                   arguments=shown_arguments, arguments_more=arguments_more, raw=raw,
+                   parts=parts, content_more=content_more)
 
 
 @dataclass(frozen=True)
 class StepView:
+    """A step as a transcript: the model's own words (its answer's text, its reasoning where
+    the server sent it), then one line per tool call."""
+
     step: Step
     calls: list[CallView]
+    words: str = ""
+    reasoning: str = ""
+
+    @property
+    def summary(self) -> str:
+        """The step's summary, unless it only names the calls its lines show."""
+        names = ", ".join(call.name for call in self.calls)
+        redundant = bool(self.calls) and self.step.summary == called_summary(names)
+        return "" if redundant else self.step.summary
 
 
 # What the page shows of a step: not its arguments and result (the calls carry them), nor an
-# experiment's feedback, summary and logs (only its status).
+# experiment's feedback, summary and logs (only its status); of the policy's record, only the
+# model's words (the database reads them out of it: the record holds the news sent too).
 STEP_FIELDS = ("run", "number", "summary", "calls", "verdict", "experiment__status")
 
 
 def _step_views(steps: QuerySet[Step]) -> list[StepView]:
+    steps = steps.select_related("experiment").only(*STEP_FIELDS).annotate(
+        words=KT("arguments__assistant__content"), reasoning=KT("arguments__reasoning"))
     return [StepView(step, [CallView.of(call) for call in
                             (step.calls if isinstance(step.calls, list) else [])
-                            if isinstance(call, dict)])
-            for step in steps.select_related("experiment").only(*STEP_FIELDS)]
+                            if isinstance(call, dict)],
+                     words=(getattr(step, "words", None) or "").strip(),
+                     reasoning=(getattr(step, "reasoning", None) or "").strip())
+            for step in steps]
 
 
 def _rendered_once(partial: str, keys: dict[str, int],

@@ -70,6 +70,7 @@ NO_PROGRESS_EXPERIMENTS = 5
 RETRY_FIRST_WAIT = 2.0  # seconds; doubled per attempt up to RETRY_LONGEST_WAIT
 RETRY_LONGEST_WAIT = 60.0
 ARGUMENTS_KEPT = 20_000
+REASONING_KEPT = 20_000  # characters of the model's reasoning a step keeps for its page
 
 # The first sentence fits the goal's kind (goal_kind); the rest is the same for every run.
 ROLES = {
@@ -97,9 +98,32 @@ def untrusted(text: str) -> str:
     return "<untrusted>\n" + text.replace("</untrusted>", "<\\/untrusted>") + "\n</untrusted>"
 
 
+_UNTRUSTED_BLOCK = re.compile(r"<untrusted>\n?(.*?)(?:\n?</untrusted>|\Z)", re.S)
+
+
+def untrusted_parts(text: str) -> list[tuple[str, bool]]:
+    """``text`` as (part, untrusted) in order, the blocks untrusted() made without their
+    markers and with the escaped closing marker as the data had it: for people, who need the
+    mark and not the tags (the run page). A block cut before its end is untrusted to the end."""
+    parts: list[tuple[str, bool]] = []
+    start = 0
+    for block in _UNTRUSTED_BLOCK.finditer(text):
+        if block.start() > start:
+            parts.append((text[start:block.start()], False))
+        parts.append((block.group(1).replace("<\\/untrusted>", "</untrusted>"), True))
+        start = block.end()
+    if start < len(text):
+        parts.append((text[start:], False))
+    return parts
+
+
 def llm_config(model: str) -> llm.LLMConfig:
+    """One request per step, bounded by INFRAOPS_LLM_TIMEOUT, and no sleep inside it: every
+    retry, a short rate limit's included, is the step re-scheduled as a task (_fault), so a
+    failing or hung endpoint holds an agent worker for at most one timeout at a time."""
     return llm.LLMConfig(base_url=settings.OPENAI_BASE_URL, api_key=settings.OPENAI_API_KEY,
-                         model=model or settings.INFRAOPS_MODEL,
+                         model=model or settings.INFRAOPS_MODEL, timeout=settings.LLM_TIMEOUT,
+                         max_retries=0, max_inline_wait=0.0,
                          price_in_per_mtok=settings.LLM_PRICE_IN_PER_MTOK,
                          price_out_per_mtok=settings.LLM_PRICE_OUT_PER_MTOK)
 
@@ -127,11 +151,14 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Fault:
-    """The model could not be asked: ``retry_after`` set for a rate limit."""
+    """The model could not be asked. ``retry_after``: the wait the server asked for (a 429,
+    or a 5xx with Retry-After); ``rate_limited``: a 429, which waits as asked outside the
+    provider's retry window."""
 
     error: str
     transient: bool
     retry_after: float | None = None
+    rate_limited: bool = False
 
 
 def prepare(run: AgentRun) -> Prepared:
@@ -142,20 +169,12 @@ def prepare(run: AgentRun) -> Prepared:
 
 
 def think(prepared: Prepared) -> llm.LLMReply | Fault:
-    """The model's turn. Its short waits (retries inside the turn) are events on the run page;
-    nothing else touches the database."""
-
-    def said_wait(seconds: float, attempt: int, reason: str) -> None:
-        run_event(run_id=prepared.run_id, kind="wait",
-                  message=f"Model endpoint: {reason}; retrying in {seconds:.1f} s "
-                          f"(attempt {attempt} failed).",
-                  data={"retry_in": seconds, "attempt": attempt, "reason": reason})
-
+    """The model's turn: one request (llm_config), nothing written to the database."""
     try:
         return llm.chat(prepared.config, prepared.messages, tools.request_tools(),
-                        secrets=known_secrets(), on_wait=said_wait)
+                        secrets=known_secrets())
     except llm.LLMRetryLater as exc:
-        return Fault(str(exc), True, exc.retry_after)
+        return Fault(str(exc), True, exc.retry_after, exc.status_code == 429)
     except llm.LLMError as exc:
         return Fault(str(exc), exc.transient)
 
@@ -204,8 +223,8 @@ def _run_calls(run: AgentRun, prepared: Prepared, reply: llm.LLMReply,
          "function": {"name": c.name, "arguments": c.arguments[:ARGUMENTS_KEPT]}}
         for c in reply.tool_calls])
     outcome = StepOutcome(
-        summary=_first_line(reply.content) or f"called {names or 'no tool'}", tool=names,
-        calls=calls, record={"news": prepared.news, "assistant": assistant}, result=usage,
+        summary=_first_line(reply.content) or called_summary(names), tool=names,
+        calls=calls, record=_record(prepared, assistant, reply), result=usage,
         verdict=_verdict(calls), experiment=ctx.effects.experiment,
         wait_for=ctx.effects.wait_for)
     if ctx.effects.finish is not None:
@@ -222,9 +241,19 @@ def _cut(reply: llm.LLMReply, prepared: Prepared, usage: dict[str, Any]) -> Step
     names = ", ".join(c.name for c in reply.tool_calls) or "no tool call"
     return StepOutcome(
         summary=f"The model's answer was cut at its output limit ({names}); it is asked again.",
-        record={"news": prepared.news, "assistant": _assistant_message(reply.content, []),
-                "cut": names},
+        record=_record(prepared, _assistant_message(reply.content, []), reply) | {"cut": names},
         result=usage, verdict=f"answer cut at the output limit: {names} not run"[:300])
+
+
+def _record(prepared: Prepared, assistant: dict[str, Any],
+            reply: llm.LLMReply) -> dict[str, Any]:
+    """What the step keeps of its turn (Step.arguments): the news it was sent and the answer
+    as the next requests replay it; the model's reasoning, where it gave any, only for the run
+    page (servers refuse it back in a request), cut and redacted like a tool's output."""
+    record = {"news": prepared.news, "assistant": assistant}
+    if reply.reasoning:
+        record["reasoning"] = llm.redact(reply.reasoning[:REASONING_KEPT], known_secrets())
+    return record
 
 
 def _assistant_message(content: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -238,15 +267,23 @@ def _assistant_message(content: str | None, calls: list[dict[str, Any]]) -> dict
     return message
 
 
+def called_summary(names: str) -> str:
+    """A step's summary when the model said nothing: the tools it called (the run page leaves
+    it out, as the step's call lines say it)."""
+    return f"called {names or 'no tool'}"
+
+
 def _first_line(content: str | None) -> str:
     return content.strip().splitlines()[0][:300] if content and content.strip() else ""
 
 
 def _fault(run: AgentRun, fault: Fault) -> StepOutcome:
-    """A rate limit waits as the server asks; a transient fault is retried with backoff for
-    LLM_RETRY_SECONDS, then the run pauses with the reason (Resume retries); anything else
-    (a 401, a 404: no retry fixes it) ends the run."""
-    if fault.retry_after is not None:
+    """A rate limit waits as the server asks; a transient fault is retried with backoff (or
+    the server's Retry-After) for LLM_RETRY_SECONDS counted from the first failure, the
+    last retry at the window's end, so the run pauses with the reason (Resume retries) within
+    the window and one request's timeout; anything else (a 401, a 404: no retry
+    fixes it) ends the run."""
+    if fault.rate_limited and fault.retry_after is not None:
         return StepOutcome(f"Rate limited: the model asked to retry in {fault.retry_after:.0f} s.",
                            "llm.wait", retry=Wait(fault.retry_after, 0, fault.error))
     if not fault.transient:
@@ -262,16 +299,21 @@ def _fault(run: AgentRun, fault: Fault) -> StepOutcome:
     run.state["provider_attempts"] = attempts
     window = timedelta(seconds=settings.LLM_RETRY_SECONDS)
     if now - since >= window:
-        minutes = (now - since).total_seconds() / 60
         run.provider_failing_since = None
         run.state.pop("provider_attempts", None)
-        reason = (f"the model endpoint has failed for {minutes:.1f} min ({attempts} tries): "
-                  f"{fault.error}. Resume retries")
+        reason = (f"the model endpoint has failed for {_duration(now - since)} "
+                  f"({attempts} tries): {fault.error}. Resume retries")
         return StepOutcome(f"Paused: {reason}.", "llm.error", counts=False, pause=reason)
-    wait = min(RETRY_FIRST_WAIT * 2 ** (attempts - 1), RETRY_LONGEST_WAIT,
-               max((since + window - now).total_seconds(), 0.1))
+    backoff = max(min(RETRY_FIRST_WAIT * 2 ** (attempts - 1), RETRY_LONGEST_WAIT),
+                  fault.retry_after or 0.0)
+    wait = min(backoff, max((since + window - now).total_seconds(), 0.1))
     return StepOutcome(f"The model endpoint failed ({fault.error}); retrying in {wait:.0f} s.",
                        "llm.retry", retry=Wait(wait, attempts, fault.error))
+
+
+def _duration(elapsed: timedelta) -> str:
+    seconds = elapsed.total_seconds()
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def _call(ctx: tools.ToolContext, call: llm.ToolCall) -> dict[str, Any]:

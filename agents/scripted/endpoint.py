@@ -94,13 +94,17 @@ def completion(
     *,
     finish_reason: str | None = None,
     model: str = "stub-model",
+    reasoning: str | None = None,
 ) -> StubReply:
     """A valid Chat Completions answer: ``content`` and/or ``tool_calls`` as ``(name,
     arguments_json)`` pairs (ids ``call_1``, ``call_2``, ... unique within the test process;
     read them back from ``reply.body``). ``usage`` is ``(prompt_tokens, completion_tokens)``,
     None to leave the usage object out. ``finish_reason`` defaults to ``"tool_calls"`` when
-    there are tool calls, else ``"stop"``."""
+    there are tool calls, else ``"stop"``. ``reasoning`` is sent as ``reasoning_content``,
+    as DeepSeek, vLLM and SGLang send a reasoning model's thinking."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
     if tool_calls:
         message["tool_calls"] = [
             {

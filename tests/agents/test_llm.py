@@ -72,6 +72,18 @@ def test_a_plain_completion_comes_back_as_content() -> None:
     assert "tool_choice" not in request.body
 
 
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_a_reasoning_model_s_thinking_comes_back_beside_the_content(field: str) -> None:
+    answer = completion("Hello.")
+    assert isinstance(answer.body, dict)
+    answer.body["choices"][0]["message"][field] = f"The user greets; {API_KEY} is no answer."
+    with OpenAIStub([answer]) as stub:
+        reply = chat(config_for(stub), HELLO, [])
+
+    assert reply.content == "Hello."
+    assert reply.reasoning == "The user greets; [REDACTED] is no answer."
+
+
 def test_tools_are_offered_with_tool_choice_auto() -> None:
     with OpenAIStub([completion("ok")]) as stub:
         chat(config_for(stub), HELLO, [READ_FILE_TOOL])

@@ -534,3 +534,19 @@ def test_pause_during_a_slow_model_call_takes_effect_at_once_and_the_reply_is_no
     assert paused_in < 1.0  # it did not wait for the model's 2 s
     assert run.status == AgentRun.Status.PAUSED
     assert run.step_count == 0 and not run.steps.exists()
+
+
+def test_the_model_s_reasoning_is_kept_for_the_run_page_and_never_sent_back(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    thinking = "The config holds the batch size; read it before changing anything."
+    run = scripted_run(stub, llm_goal(), engineer, [
+        completion(tool_calls=[call("list_files", glob="*.toml")], reasoning=thinking),
+        completion(tool_calls=[call("finish", summary="looked around")]),
+    ], django_capture_on_commit_callbacks)
+
+    first = run.steps.get(number=1)
+    assert first.arguments["reasoning"] == thinking
+    assert thinking not in sent_text(stub)  # servers refuse it back; the model needs none
+    assert len(stub.requests) == 2

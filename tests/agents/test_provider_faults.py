@@ -13,10 +13,21 @@ from typing import Any
 from django.contrib.auth.models import User
 
 from agents.models import AgentRun
-from agents.scripted.endpoint import OpenAIStub, completion, rate_limited, server_error
+from agents.scripted.endpoint import (
+    OpenAIStub,
+    StubReply,
+    completion,
+    rate_limited,
+    server_error,
+)
 from agents.services import run_resume, run_start
 from infraops.models import Goal
 from tests.agents.test_llm_runs import call, step
+
+
+def steps_queued(callbacks: list[Callable[[], Any]]) -> int:
+    """How many of the on-commit callbacks queue an agent step (the others notify pages)."""
+    return sum("_enqueue_step" in callback.__qualname__ for callback in callbacks)
 
 
 def waits(run: AgentRun) -> list[dict[str, Any]]:
@@ -28,20 +39,29 @@ def test_three_500s_in_a_row_wait_and_retry_instead_of_failing_the_run(
     django_capture_on_commit_callbacks: Any,
 ) -> None:
     goal = llm_goal()
-    for _ in range(3):  # the turn's own two quick retries, then the step's
+    for _ in range(3):
         stub.push(server_error(500))
     stub.push(completion(tool_calls=[call("list_files", glob="*.toml")]))
     with django_capture_on_commit_callbacks(execute=False) as queued:
         run = run_start(goal=goal, user=engineer)
         run = step(run)
+    first_failure = run.provider_failing_since
 
     assert run.status == AgentRun.Status.RUNNING
-    assert run.step_count == 0 and run.provider_failing_since is not None
+    assert run.step_count == 0 and first_failure is not None
+    assert len(stub.requests) == 1  # one request per step: no retry sleeps in the worker
+    assert steps_queued(queued) == 2  # the first step, then the same step re-scheduled after commit
+
+    with django_capture_on_commit_callbacks(execute=False) as queued:
+        run = step(run)
+        run = step(run)
     seen = waits(run)
-    # Two short waits inside the turn, then the step is re-scheduled with backoff.
-    assert [w["attempt"] for w in seen] == [1, 2, 1]
+    # Each failure re-schedules the step with a longer backoff; the window keeps its start.
+    assert [w["attempt"] for w in seen] == [1, 2, 3]
+    assert [w["retry_in"] for w in seen] == [2.0, 4.0, 8.0]
     assert all("500" in w["reason"] for w in seen)
-    assert queued  # the step is queued again (with a countdown) after commit
+    assert len(stub.requests) == 3 and steps_queued(queued) == 2
+    assert run.provider_failing_since == first_failure
 
     with django_capture_on_commit_callbacks(execute=False):
         run = step(run)
@@ -63,7 +83,7 @@ def test_a_refused_connection_past_the_retry_window_pauses_and_resume_completes(
         run = run_start(goal=goal, user=engineer)
         run = step(run)
         assert run.status == AgentRun.Status.RUNNING
-        assert "could not connect" in waits(run)[0]["reason"]
+        assert "could not be reached" in waits(run)[0]["reason"]
 
         settings.LLM_RETRY_SECONDS = 0
         run = step(run)
@@ -99,28 +119,54 @@ def test_a_long_rate_limit_re_schedules_the_step_as_the_server_asks(
     assert run.provider_failing_since is None  # a rate limit is not a fault
 
 
-def test_a_short_rate_limit_is_slept_in_the_turn_and_shown_as_a_wait(
+def test_a_short_rate_limit_re_schedules_the_step_instead_of_sleeping_in_the_worker(
     stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
     django_capture_on_commit_callbacks: Any,
 ) -> None:
     goal = llm_goal()
     stub.push(rate_limited(0.2))
     stub.push(completion(tool_calls=[call("list_files", glob="*.toml")]))
-    with django_capture_on_commit_callbacks(execute=False):
+    with django_capture_on_commit_callbacks(execute=False) as queued:
         run = run_start(goal=goal, user=engineer)
         run = step(run)
 
-    assert run.step_count == 1
+    assert run.step_count == 0 and len(stub.requests) == 1
+    assert steps_queued(queued) == 2  # the step again, after the wait the server asked for
     [wait] = waits(run)
     assert wait["retry_in"] == 0.2 and "429" in wait["reason"]
+    assert run.provider_failing_since is None  # a rate limit is not a fault
+
+    with django_capture_on_commit_callbacks(execute=False):
+        run = step(run)
+
+    assert run.step_count == 1
+
+
+def test_a_5xx_with_retry_after_waits_as_asked_within_the_retry_window(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any, settings: Any,
+) -> None:
+    goal = llm_goal()
+    unavailable = StubReply(503, server_error(503).body, {"Retry-After": "20"})
+    stub.push(unavailable)
+    stub.push(unavailable)
+    with django_capture_on_commit_callbacks(execute=False):
+        run = run_start(goal=goal, user=engineer)
+        run = step(run)
+        assert waits(run)[0]["retry_in"] == 20  # the server's wait, longer than the backoff
+        assert run.provider_failing_since is not None  # unlike a 429, it counts as failing
+
+        settings.LLM_RETRY_SECONDS = 0
+        run = step(run)
+
+    assert run.status == AgentRun.Status.PAUSED
+    assert "503" in run.stop_reason and "(2 tries)" in run.stop_reason
 
 
 def test_an_endpoint_that_refuses_the_key_fails_the_run_at_once(
     stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
     django_capture_on_commit_callbacks: Any,
 ) -> None:
-    from agents.scripted.endpoint import StubReply
-
     goal = llm_goal()
     stub.push(StubReply(401, {"error": {"message": "bad key", "type": "auth", "param": None,
                                         "code": None}}))

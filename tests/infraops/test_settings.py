@@ -53,6 +53,9 @@ def manage(*args: str, **overrides: str) -> subprocess.CompletedProcess[str]:
     ("INFRAOPS_WEB_URL", "infraops.example.com", "http://"),
     ("INFRAOPS_WEB_RETRY_SECONDS", "soon", "soon"),
     ("INFRAOPS_EXPERIMENT_LEASE_SECONDS", "1", "between 5 and 3600"),
+    ("INFRAOPS_LLM_TIMEOUT", "soon", "soon"),
+    ("INFRAOPS_LLM_TIMEOUT", "0", "from 1 s to an hour"),
+    ("INFRAOPS_LLM_TIMEOUT", "7200", "from 1 s to an hour"),
 ])
 def test_a_malformed_value_stops_manage_py_with_one_sentence_naming_the_variable(
     name: str, value: str, says: str

@@ -30,7 +30,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from infraops.management.commands.standalone import port_free
+from infraops.management.commands.standalone import port_free, worker_commands
 from tests.e2e.conftest import free_port
 from tests.xdist_workers import spare_redis_url
 
@@ -337,6 +337,19 @@ def test_a_port_a_stopped_server_just_closed_is_free_again() -> None:
     with socket.socket() as plain, pytest.raises(OSError):
         plain.bind(("127.0.0.1", port))  # what the old check did
     assert port_free("127.0.0.1", port)
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_agent_steps_and_experiments_have_a_worker_and_pool_each(remote: bool) -> None:
+    """A step held by a hung model endpoint must never hold a process an experiment needs."""
+    commands = worker_commands(concurrency=2, schedule=Path("/data/beat"), host="h",
+                               remote=remote)
+
+    queues = {env: argv[argv.index("-Q") + 1] for env, argv in commands}
+    assert queues == {"agent": "agent", "experiments": "experiments"}
+    beats = [env for env, argv in commands if "-B" in argv]
+    assert beats == ["agent"]  # one beat, beside the agent steps
+    assert all(argv[argv.index("-c") + 1] == "2" for _, argv in commands)
 
 
 def test_a_port_out_of_range_is_refused_in_one_sentence() -> None:

