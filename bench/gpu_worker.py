@@ -5,6 +5,7 @@ through the database and the web pages, as a user would see it.
     python3 bench/gpu_worker.py OUT_DIR [--port 8321] [--deadline 900] [--gpu off] [--goal NAME]
                                         [--remote-workers]
     python3 bench/gpu_worker.py OUT_DIR --fla [--deadline 900] [--max-experiments N]
+                                        [--fla-target fla-kda|fla-cp ...]
 
 `--fla`: the flash-linear-attention targets instead (examples/fla-kda, examples/fla-cp, built
 from the installed fla-core): the standalone with its scripted model (`--demo-llm`), then every
@@ -68,6 +69,8 @@ def main() -> int:
                         help="off: a smoke test of this script on a machine without a GPU.")
     parser.add_argument("--fla", action="store_true",
                         help="Run the goals of the flash-linear-attention targets.")
+    parser.add_argument("--fla-target", action="append", choices=FLA_TARGETS, default=[],
+                        help="--fla: only this target's goals (repeatable; default both).")
     parser.add_argument("--max-experiments", type=int, default=None,
                         help="--fla: lower each goal's experiment budget to at most this.")
     parser.add_argument("--remote-workers", action="store_true",
@@ -217,7 +220,8 @@ def drive_fla(args: argparse.Namespace, password: str, started: float, page_seco
     from agents.models import AgentRun
     from infraops.models import Boundary, Goal
 
-    goals = list(Goal.objects.filter(target__name__in=FLA_TARGETS)
+    targets = args.fla_target or FLA_TARGETS
+    goals = list(Goal.objects.filter(target__name__in=targets)
                  .select_related("target").order_by("target__name", "pk"))
     goals.sort(key=lambda goal: FLA_TARGETS.index(goal.target.name))
     if args.max_experiments is not None:
