@@ -16,6 +16,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin
 from django.contrib.auth.models import User
 from django.core.validators import MinValueValidator
 from django.db.models import Count, QuerySet
@@ -30,6 +31,7 @@ from infraops.access import (
 )
 from infraops.errors import DomainError
 from infraops.experiments.fleet import queues_parse, worker_register, worker_revoke, worker_state
+from infraops.grants import membership_grant, membership_stamp, roles_changed_audit
 from infraops.manifest import Manifest, Probe
 from infraops.models import (
     AcceptanceCriterion,
@@ -249,6 +251,10 @@ class TargetAdmin(HistoryKeptAdmin):
 
     def save_formset(self, request: HttpRequest, form: Any, formset: BaseModelFormSet[Any, Any],
                      change: bool) -> None:
+        for member_form in formset.forms:
+            granted = {"user", "role"} & set(member_form.changed_data)
+            if granted and member_form not in formset.deleted_forms:
+                membership_stamp(member_form.instance, by=request.user)  # type: ignore[arg-type]
         formset_save_audited(user=request.user, formset=formset, noun="membership",
                              data={"target": form.instance.pk})
 
@@ -259,7 +265,7 @@ class TargetAdmin(HistoryKeptAdmin):
         user = request.user
         if not change and isinstance(user, User) and not user.is_superuser:
             # Its engineer sees what they made; an admin adds anyone else.
-            TargetMembership.objects.create(target=obj, user=user, role=ENGINEER)
+            membership_grant(target=obj, user=user, role=ENGINEER, by=user)
         try:
             if not change or {"repo_url"} & set(form.changed_data):
                 target_clone(target=obj)
@@ -657,3 +663,28 @@ class WorkerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         for worker in queryset:
             worker_revoke(worker=worker, by=request.user)  # type: ignore[arg-type]
         self.message_user(request, f"Revoked: {', '.join(w.name for w in queryset)}.")
+
+
+class GrantsAuditedUserAdmin(UserAdmin):  # type: ignore[type-arg]
+    """Django's user admin, where every grant of a role (a group) or of superuser status is
+    an audit entry, and a superuser grant records who made it and when (infraops.grants):
+    an account made and promoted here by a run's starter never reviews that starter's work."""
+
+    def save_model(self, request: HttpRequest, obj: User, form: Any, change: bool) -> None:
+        before = User.objects.filter(pk=obj.pk).first() if change else None
+        form.grants_before = (  # groups are saved later, in save_related
+            set(before.groups.values_list("name", flat=True)) if before else set(),
+            bool(before and before.is_superuser))
+        super().save_model(request, obj, form, change)
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        roles, superuser = form.grants_before
+        user = form.instance
+        roles_changed_audit(user=user, before=roles, superuser_before=superuser,
+                            after=set(user.groups.values_list("name", flat=True)),
+                            by=request.user)  # type: ignore[arg-type]
+
+
+admin.site.unregister(User)
+admin.site.register(User, GrantsAuditedUserAdmin)
