@@ -40,6 +40,7 @@ from infraops.models import (
     Experiment,
     Goal,
     GoalVersion,
+    SuperuserGrant,
     Target,
     TargetMembership,
     Worker,
@@ -204,11 +205,13 @@ class HistoryKeptAdmin(TargetScopedAdmin):
 
 
 class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
-    """Who sees the target, and in which role: admins (superusers) only."""
+    """Who sees the target, and in which role: admins (superusers) only. Who granted each
+    role and when is recorded on save (infraops.grants), and shown, not edited."""
 
     model = TargetMembership
     extra = 0
-    fields = ["user", "role"]
+    fields = ["user", "role", "granted_by_label", "granted_at"]
+    readonly_fields = ["granted_by_label", "granted_at"]
 
     def _admin(self, request: HttpRequest) -> bool:
         return bool(getattr(request.user, "is_superuser", False))
@@ -589,6 +592,14 @@ class ExperimentAdmin(TargetScopedAdmin, RecordAdmin):
     list_display = ["pk", "target", "status", "attempts", "origin", "created_at"]
     list_filter = ["status"]
     list_select_related = ["target"]
+
+
+@admin.register(SuperuserGrant)
+class SuperuserGrantAdmin(RecordAdmin):
+    """Who made whom a superuser, and when (infraops.grants): a record, view only."""
+
+    list_display = ["user", "granted_by_label", "granted_at"]
+    list_select_related = ["user"]
 
 
 @admin.register(AuditEntry)

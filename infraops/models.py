@@ -79,8 +79,8 @@ class TargetMembership(models.Model):
     # granted_at: a row written before grants were recorded.
     granted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.SET_NULL, related_name="+")
-    granted_by_label = models.CharField(max_length=200, blank=True)
-    granted_at = models.DateTimeField(null=True, blank=True)
+    granted_by_label = models.CharField("granted by", max_length=200, blank=True)
+    granted_at = models.DateTimeField("granted at", null=True, blank=True)
 
     class Meta:
         ordering = ["target__name", "user__username"]

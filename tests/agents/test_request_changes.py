@@ -97,6 +97,10 @@ def test_request_changes_after_the_run_ended_starts_a_follow_up_run_with_the_com
     start = AuditEntry.objects.get(action="run.start", object_id=str(follow_up.pk))
     assert start.data["follows_change"] == change.pk
     assert start.data["requested_by"] == reviewer.username
+    client.force_login(reviewer)
+    run_page = " ".join(client.get(f"/runs/{follow_up.pk}/").content.decode().split())
+    assert (f'A follow-up of <a href="/reviews/changes/{change.pk}/">change {change.pk}</a>: a '
+            "reviewer requested changes") in run_page
     page = page_of(client, reviewer, change)
     assert (f'Run {run.pk} had ended (succeeded), so follow-up <a href="/runs/{follow_up.pk}/">'
             f"run {follow_up.pk}</a> started on the same goal with the comments as its first "
