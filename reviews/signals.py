@@ -8,6 +8,7 @@ import logging
 
 from django.db import transaction
 from django.dispatch import Signal
+from django.utils import timezone
 
 from reviews.models import ReviewDecision
 
@@ -36,12 +37,16 @@ changes_requested = Signal()
 
 
 def changes_requested_after_commit(decision_id: int) -> None:
-    transaction.on_commit(lambda: _changes_requested_send(decision_id))
+    transaction.on_commit(lambda: changes_requested_send(decision_id))
 
 
-def _changes_requested_send(decision_id: int) -> None:
-    """Send, and when no receiver answered or one failed, say so on the decision: the page
-    never claims the comments went back to an agent when they did not."""
+def changes_requested_send(decision_id: int) -> None:
+    """Claim the decision's delivery, send, and when no receiver answered or one failed, say
+    so on the decision: the page never claims the comments went back to an agent when they
+    did not. A delivery already claimed is left to its claimant (once, not twice)."""
+    claim = {"outcome": "delivering", "since": timezone.now().isoformat()}
+    if not ReviewDecision.objects.filter(pk=decision_id, delivery={}).update(delivery=claim):
+        return
     answers = changes_requested.send_robust(sender=None, decision_id=decision_id)
     failed = [answer for _, answer in answers if isinstance(answer, Exception)]
     for error in failed:
@@ -50,5 +55,5 @@ def _changes_requested_send(decision_id: int) -> None:
     if not answers or failed:
         reason = (f"delivering them failed ({type(failed[0]).__name__}: {failed[0]})" if failed
                   else "no agent app is installed to receive them")
-        ReviewDecision.objects.filter(pk=decision_id, delivery={}).update(
+        ReviewDecision.objects.filter(pk=decision_id, delivery=claim).update(
             delivery={"outcome": "undelivered", "reason": reason})

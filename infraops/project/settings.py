@@ -552,6 +552,9 @@ CELERY_BEAT_SCHEDULE = {
     "requeue-stalled-runs": {"task": "agents.tasks.runs_reap", "schedule": 60.0},
     # Finishes merges a killed process left half done, and merges re-verified changes.
     "advance-merges": {"task": "reviews.tasks.changes_reap", "schedule": 15.0},
+    # Delivers the requests for changes a killed web process left undelivered.
+    "deliver-requested-changes": {"task": "reviews.tasks.requested_changes_deliver",
+                                  "schedule": 60.0},
 }
 
 LOGGING = {

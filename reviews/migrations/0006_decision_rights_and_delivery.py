@@ -2,6 +2,16 @@
 
 from django.db import migrations, models
 
+# Requests for changes made before they were delivered reached no agent: say so, rather than
+# leave them for the delivery reaper to send days late.
+BEFORE = {"outcome": "undelivered",
+          "reason": "it was made before requests for changes were delivered to agents"}
+
+
+def earlier_requests_undelivered(apps, schema_editor):
+    Decision = apps.get_model("reviews", "ReviewDecision")
+    Decision.objects.filter(decision="request_changes").update(delivery=BEFORE)
+
 
 class Migration(migrations.Migration):
 
@@ -20,4 +30,5 @@ class Migration(migrations.Migration):
             name='rights',
             field=models.JSONField(blank=True, default=list),
         ),
+        migrations.RunPython(earlier_requests_undelivered, migrations.RunPython.noop),
     ]

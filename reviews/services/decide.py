@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from infraops import gitops
 from infraops.access import has_target_role, target_roles
@@ -16,7 +19,11 @@ from infraops.services.audit import audit_record
 from reviews.live import queue_changed, reviewer_classes
 from reviews.models import Change, ReviewComment, ReviewDecision
 from reviews.services.merge import change_advance, change_merge_prepare
-from reviews.signals import change_decided_after_commit, changes_requested_after_commit
+from reviews.signals import (
+    change_decided_after_commit,
+    changes_requested_after_commit,
+    changes_requested_send,
+)
 
 MAX_COMMENT = 10_000
 DECIDABLE = (Change.Status.PENDING_REVIEW,)
@@ -176,6 +183,27 @@ def change_merge_request(*, change: Change, user: User) -> Change:
         Change.objects.filter(pk=locked.pk).update(status=Change.Status.APPROVED)
         audit_record(actor=user, action="change.merge_retry", obj=locked)
     return change_advance(change_id=change.pk)
+
+
+# A request for changes not delivered this long after it was made was lost with the process
+# that committed it (before its after-commit send, or in the middle of it).
+UNDELIVERED_AFTER = timedelta(minutes=5)
+
+
+def requested_changes_reap() -> list[int]:
+    """Deliver the requests for changes a killed process left undelivered: never sent, or
+    claimed and never finished. Beat runs it every minute; returns the decisions sent."""
+    cutoff = timezone.now() - UNDELIVERED_AFTER
+    lost = ReviewDecision.objects.filter(
+        decision=ReviewDecision.Decision.REQUEST_CHANGES, created_at__lt=cutoff).filter(
+        Q(delivery={}) | Q(delivery__outcome="delivering",
+                           delivery__since__lt=cutoff.isoformat()))
+    sent = []
+    for decision_id, delivery in lost.values_list("pk", "delivery")[:100]:
+        if ReviewDecision.objects.filter(pk=decision_id, delivery=delivery).update(delivery={}):
+            changes_requested_send(decision_id)
+            sent.append(decision_id)
+    return sent
 
 
 def change_comment(*, change: Change, author: User, path: str, line: int,

@@ -5,17 +5,19 @@ comments reached no agent."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
+from django.utils import timezone
 
 from agents.models import AgentRun, RunMessage
 from agents.policies.llm import _news
 from infraops.models import AuditEntry, Goal, TargetMembership
 from reviews.models import Change, ReviewComment, ReviewDecision
-from reviews.services import review_decide
+from reviews.services import requested_changes_reap, review_decide
 from tests.factories import AgentRunFactory, ChangeFactory
 
 pytestmark = pytest.mark.usefixtures("fast_password_hashing")
@@ -140,3 +142,25 @@ def test_request_changes_with_nothing_to_say_starts_no_follow_up_and_says_why(
     assert not AgentRun.objects.filter(follows_change=change).exists()
     assert decision.delivery["outcome"] == "undelivered"
     assert "there was no comment to send" in decision.delivery["reason"]
+
+
+def test_a_request_a_killed_process_left_undelivered_is_delivered_once_by_the_reaper(
+    change_of_run: tuple[Change, AgentRun], reviewer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    change, run = change_of_run
+    with django_capture_on_commit_callbacks(execute=False):  # the process dies after commit
+        decision = review_decide(change=change, reviewer=reviewer,
+                                 decision="request_changes", comment=COMMENT)
+    assert requested_changes_reap() == []  # a fresh request is its own process's to send
+    ReviewDecision.objects.filter(pk=decision.pk).update(
+        created_at=timezone.now() - timedelta(minutes=6))
+
+    with django_capture_on_commit_callbacks(execute=False):
+        sent = requested_changes_reap()
+        again = requested_changes_reap()
+
+    assert sent == [decision.pk] and again == []
+    decision.refresh_from_db()
+    assert decision.delivery == {"outcome": "message", "run": run.pk, "run_status": "running"}
+    assert RunMessage.objects.filter(run=run).count() == 1
