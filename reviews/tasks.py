@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from reviews.services import merge, requested_changes_reap
+from reviews.services import decide, merge
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
@@ -24,4 +24,4 @@ def changes_reap() -> list[int]:
 @shared_task
 def requested_changes_deliver() -> list[int]:
     """Deliver the requests for changes a killed process left undelivered."""
-    return requested_changes_reap()
+    return decide.requested_changes_reap()
