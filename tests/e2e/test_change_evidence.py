@@ -1,6 +1,7 @@
 """The change page in Debian's Chromium (issue 27): the evidence flows in the page, so every
 chart, the concurrency timeline above all, is reached by scrolling the page itself, never a
-box inside it; and 'Request changes' says on the page where the comment went."""
+box inside it; 'Request changes' says on the page where the comment went; a reviewer whose
+rights the run's starter granted reads why they cannot decide."""
 
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ from django.test import Client
 from playwright.sync_api import Browser, Page, expect
 
 from agents.models import AgentRun, RunMessage
+from infraops.grants import membership_grant
 from infraops.models import Goal
+from reviews.models import Change
 from tests.e2e.test_every_page import world
+from tests.factories import UserFactory
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -29,15 +33,20 @@ def made(example_goal: Goal, engineer: User, reviewer: User) -> dict[str, Any]:
         return pool.submit(world, example_goal, engineer).result(timeout=60)
 
 
-@pytest.fixture
-def desktop(browser: Browser, live_server: Any, client: Client, reviewer: User,
-            close_thread_connections: None) -> Iterator[Page]:
-    """A laptop-sized page (1280 x 720) signed in as the reviewer."""
-    client.force_login(reviewer)
+def signed_in(browser: Browser, live_server: Any, client: Client, user: User) -> Any:
+    """A laptop-sized browser context (1280 x 720) signed in as `user`."""
+    client.force_login(user)
     session = client.cookies[settings.SESSION_COOKIE_NAME].value
     context = browser.new_context(viewport={"width": 1280, "height": 720})
     context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session,
                           "url": live_server.url}])
+    return context
+
+
+@pytest.fixture
+def desktop(browser: Browser, live_server: Any, client: Client, reviewer: User,
+            close_thread_connections: None) -> Iterator[Page]:
+    context = signed_in(browser, live_server, client, reviewer)
     yield context.new_page()
     context.close()
 
@@ -95,3 +104,27 @@ def test_request_changes_says_on_the_page_that_the_comment_went_to_the_running_r
         texts = pool.submit(lambda: list(RunMessage.objects.filter(run=run).values_list(
             "text", flat=True))).result(timeout=30)
     assert len(texts) == 1 and texts[0].endswith("Try batch_size=4 first.")
+
+
+def test_a_reviewer_the_starter_granted_sees_why_they_cannot_decide(
+        browser: Browser, live_server: Any, client: Client, made: dict[str, Any],
+        engineer: User, close_thread_connections: None) -> None:
+    change: Change = made["change"]
+
+    def starter_grants_a_second_account() -> User:
+        Change.objects.filter(pk=change.pk).update(requested_by=engineer)
+        second: User = UserFactory.create(username="second", roles=["reviewer"], member_of=[])
+        membership_grant(target=change.target, user=second, role="reviewer", by=engineer)
+        return second
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        second = pool.submit(starter_grants_a_second_account).result(timeout=30)
+    context = signed_in(browser, live_server, client, second)
+    page = context.new_page()
+    page.goto(f"{live_server.url}/reviews/changes/{change.pk}/")
+
+    expect(page.locator("#decide-denial")).to_contain_text(
+        f"Your reviewer membership was granted by {engineer.username}: {engineer.username} "
+        "started the run that wrote this change")
+    expect(page.get_by_role("button", name="Request changes")).to_have_count(0)
+    context.close()
