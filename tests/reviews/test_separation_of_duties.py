@@ -257,3 +257,16 @@ def test_a_superuser_grant_the_starter_made_outside_the_admin_is_caught_too(
         f"Your superuser was granted by {starter.username}: {starter.username} started the "
         "run that wrote this change, and rights they granted never decide their changes. A "
         "reviewer whose rights someone else granted decides.")
+
+
+def test_only_admins_read_who_made_whom_a_superuser(client: Client, reviewer: User,
+                                                   engineer: User) -> None:
+    admin = superuser("root")
+    superuser_grant(user=superuser("deputy3"), by=admin)
+    seen = {}
+    for user in (reviewer, engineer, admin):
+        client.force_login(user)
+        seen[user.username] = client.get("/admin/infraops/superusergrant/").status_code
+
+    # A reviewer is not staff: the admin sends them to its sign-in; an engineer is refused.
+    assert seen == {reviewer.username: 302, engineer.username: 403, "root": 200}
