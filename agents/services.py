@@ -399,7 +399,7 @@ def _to_live_run(decision: ReviewDecision) -> dict[str, Any] | None:
                .order_by("-created_at").first())
         if run is None or run.is_finished:
             return None
-        _message_create(run, decision.reviewer, _request_text(decision, lines=False),
+        _message_create(run, decision.reviewer, _request_text(decision),
                         data={"decision": decision.pk})
     return {"outcome": "message", "run": run.pk, "run_status": run.status}
 
@@ -408,13 +408,14 @@ def _to_follow_up(decision: ReviewDecision) -> dict[str, Any]:
     change = decision.change
     ended = change.runs.order_by("-created_at").first()
     before = {"ended_run": ended.pk, "ended_status": ended.status} if ended else {}
-    text = _request_text(decision, lines=True)
+    lines = _line_comments(change)
     starter = change.requested_by or (ended.started_by if ended else None)
     if change.goal is None or starter is None:
         reason = "the change has no goal and starter to start a follow-up run for"
-    elif not decision.comment.strip() and "\n" not in text:
+    elif not decision.comment.strip() and not lines:
         reason = "there was no comment to send: say what to change, and start a run"
     else:
+        text = "\n".join([_request_text(decision), *lines])
         try:
             run = run_start(goal=change.goal, user=starter,
                             follow_up=FollowUp(change=change, reviewer=decision.reviewer,
@@ -426,16 +427,18 @@ def _to_follow_up(decision: ReviewDecision) -> dict[str, Any]:
     return before | {"outcome": "undelivered", "reason": reason}
 
 
-def _request_text(decision: ReviewDecision, *, lines: bool) -> str:
-    """The request as the agent reads it: the decision's comment, and with `lines` the
-    comments on the diff's lines (a live run reads those on its own at its next step)."""
+def _request_text(decision: ReviewDecision) -> str:
+    """The request as the agent reads it."""
     change = decision.change
-    text = (f"Reviewer {decision.reviewer.get_username()} requested changes on change "
+    return (f"Reviewer {decision.reviewer.get_username()} requested changes on change "
             f"{change.pk} ({change.title}): {decision.comment.strip() or '(no comment)'}")
-    if lines:
-        for comment in change.comments.filter(diff_sha256=change.diff_sha256):
-            text += f"\n- {comment.path} line {comment.line} ({comment.side}): {comment.text}"
-    return text
+
+
+def _line_comments(change: Change) -> list[str]:
+    """The comments on the current diff's lines, one a line, for a follow-up run (the
+    change's own run reads them on its own at its next step)."""
+    return [f"- {c.path} line {c.line} ({c.side}): {c.text}"
+            for c in change.comments.filter(diff_sha256=change.diff_sha256)]
 
 
 def hypothesis_add(*, run: AgentRun, user: User, title: str,

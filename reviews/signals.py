@@ -30,6 +30,7 @@ def change_decided_after_commit(change_id: int, status: str) -> None:
     transaction.on_commit(
         lambda: change_decided.send(sender=None, change_id=change_id, status=status))
 
+
 # kwargs: decision_id. A reviewer requested changes: the app that runs agents delivers the
 # decision's comments (to the run that wrote the change while it runs, else to a follow-up
 # run) and writes where they went on the decision's `delivery`, which the change page shows.
