@@ -50,6 +50,10 @@ class AgentRun(models.Model):
         default=0, help_text="The 'no progress' check reads only experiments after this id "
                              "(set on Resume: a fresh allowance).")
     branch = models.CharField(max_length=200, blank=True)
+    follows_change = models.ForeignKey(
+        Change, null=True, blank=True, on_delete=models.PROTECT, related_name="follow_ups",
+        help_text="A follow-up run: a reviewer requested changes on this change after its run "
+                  "ended, and the comments were the run's first message.")
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     experiments = models.ManyToManyField(Experiment, blank=True, related_name="runs")

@@ -11,6 +11,7 @@ later or enqueues the next step after commit.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -35,6 +36,7 @@ from infraops.roles import ENGINEER, REVIEWER
 from infraops.services.audit import audit_record
 from infraops.services.goals import goal_snapshot
 from infraops.services.targets import target_refresh_manifest
+from reviews.models import Change, ReviewDecision
 
 
 def _enqueue_step(run: AgentRun, countdown: float | None = None) -> None:
@@ -54,8 +56,9 @@ def _pause(run: AgentRun, reason: str) -> None:
               data={"status": "paused"})
 
 
-def run_start(*, goal: Goal, user: User) -> AgentRun:
-    """Pin the goal's current version, the manifest and the base commit; queue step one."""
+def run_start(*, goal: Goal, user: User, follow_up: FollowUp | None = None) -> AgentRun:
+    """Pin the goal's current version, the manifest and the base commit; queue step one.
+    A `follow_up` of a change starts with its reviewer's comments as the first message."""
     if not has_target_role(user, goal.target_id, ENGINEER):
         raise DomainError(f"Only an engineer can start a run on {goal.target.name}.")
     if goal.policy == Goal.Policy.LLM and not (
@@ -77,12 +80,17 @@ def run_start(*, goal: Goal, user: User) -> AgentRun:
             run = AgentRun.objects.create(
                 goal_version=version, target=target, policy=goal.policy, started_by=user,
                 base_commit=target.manifest_commit, manifest_sha256=target.manifest_sha256,
+                follows_change=follow_up.change if follow_up else None,
             )
             run_event(run_id=run.pk, kind="status",
                       message=f"Run started by {user.get_username()} on goal "
-                              f"{goal.name!r} v{version.number}, base {run.base_commit[:10]}.")
+                              f"{goal.name!r} v{version.number}, base {run.base_commit[:10]}."
+                              + (follow_up.why() if follow_up else ""))
             audit_record(actor=user, action="run.start", obj=run,
-                         data={"goal_version": version.pk})
+                         data={"goal_version": version.pk}
+                         | (follow_up.record() if follow_up else {}))
+            if follow_up is not None:
+                _message_create(run, follow_up.reviewer, follow_up.text)
             notify(RUNS_GROUP, {"type": "runs.started"})
             _enqueue_step(run)
     except queue_errors():
@@ -334,11 +342,103 @@ def run_message_add(*, run: AgentRun, user: User, text: str) -> RunMessage:
     """A message the agent receives at its next step."""
     author = _steerer(run, user)
     with transaction.atomic():
-        message = RunMessage.objects.create(run=run, author=author, text=text)
-        run_event(run_id=run.pk, kind="status", data={"messages": [message.pk]},
-                  message=f"Message from {author.get_username()}: {text[:500]}")
-        audit_record(actor=author, action="run.message", obj=run, data={"message": message.pk})
+        message = _message_create(run, author, text)
     return message
+
+
+def _message_create(run: AgentRun, author: User, text: str,
+                    data: dict[str, Any] | None = None) -> RunMessage:
+    """The message row, its line in the run's log and its audit entry (in the caller's
+    transaction)."""
+    message = RunMessage.objects.create(run=run, author=author, text=text)
+    run_event(run_id=run.pk, kind="status", data={"messages": [message.pk]},
+              message=f"Message from {author.get_username()}: {text[:500]}")
+    audit_record(actor=author, action="run.message", obj=run,
+                 data={"message": message.pk} | (data or {}))
+    return message
+
+
+# --- a reviewer's request for changes ------------------------------------------------------
+
+@dataclass(frozen=True)
+class FollowUp:
+    """A run started because a reviewer requested changes on a change whose run had ended."""
+
+    change: Change
+    reviewer: User
+    text: str
+
+    def why(self) -> str:
+        return (f" A follow-up of change {self.change.pk}: {self.reviewer.get_username()} "
+                "requested changes, and the comments are its first message.")
+
+    def record(self) -> dict[str, Any]:
+        return {"follows_change": self.change.pk, "requested_by": self.reviewer.get_username()}
+
+
+def changes_requested_deliver(*, decision_id: int) -> dict[str, Any]:
+    """A reviewer requested changes: the comments reach an agent. The run that wrote the
+    change gets them as a message while it runs or is paused; once it ended, a follow-up run
+    on the same goal starts with them as its first message, in the name of the person who
+    started the first run, so the reviewer stays free to review what it submits. Where they
+    went (or why nowhere) is written on the decision, for the change page."""
+    decision = ReviewDecision.objects.select_related("change__goal", "reviewer").get(
+        pk=decision_id)
+    delivery = _to_live_run(decision)
+    if delivery is None:
+        delivery = _to_follow_up(decision)
+    ReviewDecision.objects.filter(pk=decision.pk).update(delivery=delivery)
+    return delivery
+
+
+def _to_live_run(decision: ReviewDecision) -> dict[str, Any] | None:
+    """The message to the change's run, when it has not ended (checked under its row lock,
+    so a run that ends meanwhile gets a follow-up instead); None otherwise."""
+    with transaction.atomic():
+        run = (AgentRun.objects.select_for_update(of=("self",)).filter(changes=decision.change_id)
+               .order_by("-created_at").first())
+        if run is None or run.is_finished:
+            return None
+        _message_create(run, decision.reviewer, _request_text(decision),
+                        data={"decision": decision.pk})
+    return {"outcome": "message", "run": run.pk, "run_status": run.status}
+
+
+def _to_follow_up(decision: ReviewDecision) -> dict[str, Any]:
+    change = decision.change
+    ended = change.runs.order_by("-created_at").first()
+    before = {"ended_run": ended.pk, "ended_status": ended.status} if ended else {}
+    lines = _line_comments(change)
+    starter = change.requested_by or (ended.started_by if ended else None)
+    if change.goal is None or starter is None:
+        reason = "the change has no goal and starter to start a follow-up run for"
+    elif not decision.comment.strip() and not lines:
+        reason = "there was no comment to send: say what to change, and start a run"
+    else:
+        text = "\n".join([_request_text(decision), *lines])
+        try:
+            run = run_start(goal=change.goal, user=starter,
+                            follow_up=FollowUp(change=change, reviewer=decision.reviewer,
+                                               text=text))
+        except DomainError as exc:
+            reason = str(exc)
+        else:
+            return before | {"outcome": "follow_up", "run": run.pk, "run_status": run.status}
+    return before | {"outcome": "undelivered", "reason": reason}
+
+
+def _request_text(decision: ReviewDecision) -> str:
+    """The request as the agent reads it."""
+    change = decision.change
+    return (f"Reviewer {decision.reviewer.get_username()} requested changes on change "
+            f"{change.pk} ({change.title}): {decision.comment.strip() or '(no comment)'}")
+
+
+def _line_comments(change: Change) -> list[str]:
+    """The comments on the current diff's lines, one a line, for a follow-up run (the
+    change's own run reads them on its own at its next step)."""
+    return [f"- {c.path} line {c.line} ({c.side}): {c.text}"
+            for c in change.comments.filter(diff_sha256=change.diff_sha256)]
 
 
 def hypothesis_add(*, run: AgentRun, user: User, title: str,

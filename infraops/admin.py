@@ -16,6 +16,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin
 from django.contrib.auth.models import User
 from django.core.validators import MinValueValidator
 from django.db.models import Count, QuerySet
@@ -30,6 +31,7 @@ from infraops.access import (
 )
 from infraops.errors import DomainError
 from infraops.experiments.fleet import queues_parse, worker_register, worker_revoke, worker_state
+from infraops.grants import membership_grant, membership_stamp, roles_changed_audit
 from infraops.manifest import Manifest, Probe
 from infraops.models import (
     AcceptanceCriterion,
@@ -38,6 +40,7 @@ from infraops.models import (
     Experiment,
     Goal,
     GoalVersion,
+    SuperuserGrant,
     Target,
     TargetMembership,
     Worker,
@@ -202,11 +205,13 @@ class HistoryKeptAdmin(TargetScopedAdmin):
 
 
 class MembershipInline(admin.TabularInline):  # type: ignore[type-arg]
-    """Who sees the target, and in which role: admins (superusers) only."""
+    """Who sees the target, and in which role: admins (superusers) only. Who granted each
+    role and when is recorded on save (infraops.grants), and shown, not edited."""
 
     model = TargetMembership
     extra = 0
-    fields = ["user", "role"]
+    fields = ["user", "role", "granted_by_label", "granted_at"]
+    readonly_fields = ["granted_by_label", "granted_at"]
 
     def _admin(self, request: HttpRequest) -> bool:
         return bool(getattr(request.user, "is_superuser", False))
@@ -249,6 +254,10 @@ class TargetAdmin(HistoryKeptAdmin):
 
     def save_formset(self, request: HttpRequest, form: Any, formset: BaseModelFormSet[Any, Any],
                      change: bool) -> None:
+        for member_form in formset.forms:
+            granted = {"user", "role"} & set(member_form.changed_data)
+            if granted and member_form not in formset.deleted_forms:
+                membership_stamp(member_form.instance, by=request.user)  # type: ignore[arg-type]
         formset_save_audited(user=request.user, formset=formset, noun="membership",
                              data={"target": form.instance.pk})
 
@@ -259,7 +268,7 @@ class TargetAdmin(HistoryKeptAdmin):
         user = request.user
         if not change and isinstance(user, User) and not user.is_superuser:
             # Its engineer sees what they made; an admin adds anyone else.
-            TargetMembership.objects.create(target=obj, user=user, role=ENGINEER)
+            membership_grant(target=obj, user=user, role=ENGINEER, by=user)
         try:
             if not change or {"repo_url"} & set(form.changed_data):
                 target_clone(target=obj)
@@ -585,6 +594,14 @@ class ExperimentAdmin(TargetScopedAdmin, RecordAdmin):
     list_select_related = ["target"]
 
 
+@admin.register(SuperuserGrant)
+class SuperuserGrantAdmin(RecordAdmin):
+    """Who made whom a superuser, and when (infraops.grants): a record, view only."""
+
+    list_display = ["user", "granted_by_label", "granted_at"]
+    list_select_related = ["user"]
+
+
 @admin.register(AuditEntry)
 class AuditEntryAdmin(RecordAdmin):
     list_display = ["created_at", "actor_label", "action", "object_type", "object_id"]
@@ -657,3 +674,28 @@ class WorkerAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         for worker in queryset:
             worker_revoke(worker=worker, by=request.user)  # type: ignore[arg-type]
         self.message_user(request, f"Revoked: {', '.join(w.name for w in queryset)}.")
+
+
+class GrantsAuditedUserAdmin(UserAdmin):  # type: ignore[type-arg]
+    """Django's user admin, where every grant of a role (a group) or of superuser status is
+    an audit entry, and a superuser grant records who made it and when (infraops.grants):
+    an account made and promoted here by a run's starter never reviews that starter's work."""
+
+    def save_model(self, request: HttpRequest, obj: User, form: Any, change: bool) -> None:
+        before = User.objects.filter(pk=obj.pk).first() if change else None
+        form.grants_before = (  # groups are saved later, in save_related
+            set(before.groups.values_list("name", flat=True)) if before else set(),
+            bool(before and before.is_superuser))
+        super().save_model(request, obj, form, change)
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        roles, superuser = form.grants_before
+        user = form.instance
+        roles_changed_audit(user=user, before=roles, superuser_before=superuser,
+                            after=set(user.groups.values_list("name", flat=True)),
+                            by=request.user)  # type: ignore[arg-type]
+
+
+admin.site.unregister(User)
+admin.site.register(User, GrantsAuditedUserAdmin)

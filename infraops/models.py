@@ -73,6 +73,14 @@ class TargetMembership(models.Model):
                              related_name="target_memberships")
     role = models.CharField(max_length=20, choices=[(role, role) for role in ROLES])
     created_at = models.DateTimeField(auto_now_add=True)
+    # Who granted this role, and when: set again whenever the role changes (infraops.grants).
+    # A reviewer's rights granted by a run's starter never decide that starter's changes.
+    # Empty granted_by with a granted_at: the operator, from the command line; empty
+    # granted_at: a row written before grants were recorded.
+    granted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    granted_by_label = models.CharField("granted by", max_length=200, blank=True)
+    granted_at = models.DateTimeField("granted at", null=True, blank=True)
 
     class Meta:
         ordering = ["target__name", "user__username"]
@@ -82,6 +90,26 @@ class TargetMembership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} on {self.target}: {self.role}"
+
+
+class SuperuserGrant(models.Model):
+    """Who made a user a superuser, and when (infraops.grants). A superuser holds the reviewer
+    role on every target, so this grant is the provenance of those rights; the latest row of
+    a user who is a superuser now is the grant in force."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="superuser_grants")
+    granted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    granted_by_label = models.CharField(max_length=200)
+    granted_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-granted_at", "-id"]
+        indexes = [models.Index(fields=["user", "-granted_at"], name="superuser_grant_user")]
+
+    def __str__(self) -> str:
+        return f"{self.user} made a superuser by {self.granted_by_label}"
 
 
 class Goal(models.Model):

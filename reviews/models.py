@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
+from django.utils.dateparse import parse_datetime
 
 from infraops.models import Experiment, Goal, GoalVersion, Target
 from reviews import gate
@@ -152,6 +154,12 @@ class Change(models.Model):
         return latest if latest.still_valid else None
 
 
+def grants_for_page(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Recorded grants (infraops.grants.Grant.as_record) with their moments as datetimes."""
+    return [grant | {"granted_at": parse_datetime(grant["granted_at"])
+                     if grant.get("granted_at") else None} for grant in records]
+
+
 class ReviewDecision(models.Model):
     """A reviewer's decision, bound to the exact diff and base it was made on."""
 
@@ -170,6 +178,13 @@ class ReviewDecision(models.Model):
     # titles of the failing checks the reviewer saw, and the reviewer's reason.
     overridden_checks = models.JSONField(default=list, blank=True)
     override_reason = models.TextField(blank=True)
+    # Separation of duties (issue 27): who granted the reviewer's rights on the target, and
+    # when, as they stood at the decision (infraops.grants.Grant.as_record).
+    rights = models.JSONField(default=list, blank=True)
+    # Where a request for changes went (reviews.signals.changes_requested): {"outcome":
+    # "message" | "follow_up" | "undelivered", "run": id, "run_status": ..., "reason": ...},
+    # written by the app that runs agents; empty while nothing answered yet.
+    delivery = models.JSONField(default=dict, blank=True)
     diff_sha256 = models.CharField(max_length=64)
     base_commit = models.CharField(max_length=40)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -179,6 +194,10 @@ class ReviewDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.decision} on change {self.change_id}"
+
+    @property
+    def rights_granted(self) -> list[dict[str, Any]]:
+        return grants_for_page(self.rights)
 
     @property
     def still_valid(self) -> bool:

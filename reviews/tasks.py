@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from reviews.services import merge
+from reviews.services import decide, merge
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
@@ -19,3 +19,9 @@ def changes_reap() -> list[int]:
     """Finish merges a killed process left half done; move on re-verified changes."""
     return merge.changes_reap()
 
+
+
+@shared_task
+def requested_changes_deliver() -> list[int]:
+    """Deliver the requests for changes a killed process left undelivered."""
+    return decide.requested_changes_reap()

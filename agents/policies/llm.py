@@ -575,8 +575,10 @@ def _news(run: AgentRun) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
                      f"hypothesis to test (ledger id {hypothesis.pk}): {hypothesis.title}. "
                      f"{hypothesis.rationale}"})
         marks["hypotheses"].append(hypothesis.pk)
+    # A request for changes delivered as a message (agents.services) is read as that message.
     decisions = ReviewDecision.objects.filter(change__runs=run).exclude(
-        pk__in=delivered.get("decisions", [])).select_related("reviewer", "change")
+        pk__in=delivered.get("decisions", [])).exclude(delivery__outcome="message").select_related(
+        "reviewer", "change")
     for decision in decisions:
         news.append({"role": "user", "content": f"Message from reviewer {decision.reviewer}: "
                      f"change {decision.change_id} {decision.get_decision_display()}. "

@@ -338,6 +338,14 @@ try:
     # Approvals and run starts one user may make per window (infraops/ratelimit.py).
     RATE_APPROVE_PER_MIN = _read("INFRAOPS_RATE_APPROVE_PER_MIN", "int", 100)
     RATE_START_RUN_PER_MIN = _read("INFRAOPS_RATE_START_RUN_PER_MIN", "int", 100)
+    # Separation of duties (infraops/grants.py): a reviewer's rights on a target granted
+    # less than this many hours ago decide no change yet, so an admin cannot make a fresh
+    # account and have it approve at once; 0 turns the cool-down off. Grants made by the
+    # operator at the command line (adduser, the first start's users) are not held to it.
+    REVIEW_GRANT_COOLDOWN_HOURS = _read("INFRAOPS_REVIEW_GRANT_COOLDOWN_HOURS", "float", 24.0)
+    if not 0 <= REVIEW_GRANT_COOLDOWN_HOURS <= 24 * 365:
+        raise _ConfigError(f"INFRAOPS_REVIEW_GRANT_COOLDOWN_HOURS={REVIEW_GRANT_COOLDOWN_HOURS:g} "
+                           "must be between 0 and 8760 (a year).")
     # Workers on other hosts (docs/architecture.md, "The fleet"). WEB_URL "" means this
     # process shares the web's data folder (one host); else the worker fetches git and blobs
     # from the web over HTTP, authenticated by WORKER_TOKEN (`manage.py worker_register`).
@@ -551,6 +559,9 @@ CELERY_BEAT_SCHEDULE = {
     "requeue-stalled-runs": {"task": "agents.tasks.runs_reap", "schedule": 60.0},
     # Finishes merges a killed process left half done, and merges re-verified changes.
     "advance-merges": {"task": "reviews.tasks.changes_reap", "schedule": 15.0},
+    # Delivers the requests for changes a killed web process left undelivered.
+    "deliver-requested-changes": {"task": "reviews.tasks.requested_changes_deliver",
+                                  "schedule": 60.0},
 }
 
 LOGGING = {

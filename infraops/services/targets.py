@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from infraops import gitops
 from infraops.errors import DomainError
+from infraops.grants import membership_grant
 from infraops.manifest import MANIFEST_PATH, Manifest, ManifestError, parse_manifest
 from infraops.models import Target, TargetMembership
 from infraops.repourls import RepoUrlPolicy, RepoUrlRefused, repo_url_check
@@ -81,12 +82,11 @@ def target_add_role_holders(*, target: Target, actor: User | None = None) -> lis
         role = first_role(user)
         if role is None:
             continue
-        _, created = TargetMembership.objects.get_or_create(target=target, user=user,
-                                                            defaults={"role": role})
-        if created:
-            audit_record(actor=actor, action="target.member_add", obj=target,
-                         data={"user": user.get_username(), "role": role})
-            joined.append(user)
+        if TargetMembership.objects.filter(target=target, user=user).exists():
+            continue
+        membership_grant(target=target, user=user, role=role, by=actor,
+                         by_label="manage.py (the target's first members)")
+        joined.append(user)
     return joined
 
 

@@ -8,6 +8,7 @@ from reviews.services.decide import (
     change_merge_request,
     change_refusal,
     decision_denial,
+    requested_changes_reap,
     review_decide,
 )
 from reviews.services.facts import change_facts
@@ -26,5 +27,6 @@ __all__ = [
     "changes_reap",
     "decision_denial",
     "merge_message",
+    "requested_changes_reap",
     "review_decide",
 ]

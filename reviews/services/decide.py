@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+from typing import Any
+
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from infraops import gitops
 from infraops.access import has_target_role, target_roles
 from infraops.errors import DomainError, Forbidden
+from infraops.grants import reviewer_grants, separation_problem
 from infraops.roles import REVIEWER
 from infraops.services.audit import audit_record
 from reviews.live import queue_changed, reviewer_classes
 from reviews.models import Change, ReviewComment, ReviewDecision
 from reviews.services.merge import change_advance, change_merge_prepare
-from reviews.signals import change_decided_after_commit
+from reviews.signals import (
+    change_decided_after_commit,
+    changes_requested_after_commit,
+    changes_requested_send,
+)
 
 MAX_COMMENT = 10_000
 DECIDABLE = (Change.Status.PENDING_REVIEW,)
@@ -37,12 +47,21 @@ def decision_denial(user: User, change: Change) -> str | None:
         return "Only a reviewer can decide on a change."
     if change.requested_by_id == user.pk:
         return "You started the run that wrote this change: another reviewer must decide on it."
+    separation = separation_problem(user, change.target_id, change.requested_by)
+    if separation is not None:
+        return separation
     classes = reviewer_classes(user)
     uncovered = sorted(set(change.risk_classes) - set(classes)) if classes else []
     if uncovered and not getattr(user, "is_superuser", False):
         return (f"This change is {', '.join(uncovered)}; you review {', '.join(classes)}: a "
                 "reviewer of that class decides.")
     return None
+
+
+def decider_rights(user: User, change: Change) -> list[dict[str, Any]]:
+    """Who granted the user's reviewer rights on the change's target, and when: recorded with
+    each decision, and shown on the change page beside it."""
+    return [grant.as_record() for grant in reviewer_grants(user, change.target_id)]
 
 
 def change_refusal(user: User, change: Change, action: str,
@@ -88,10 +107,12 @@ def review_decide(
         if decision == ReviewDecision.Decision.APPROVE:
             _check_diff_unchanged(locked)
             over = _overridden(locked, override_reason)
+        rights = decider_rights(reviewer, locked)
         made = ReviewDecision.objects.create(
             change=locked, reviewer=reviewer, decision=decision, comment=comment,
             diff_sha256=locked.diff_sha256, base_commit=locked.base_commit,
             overridden_checks=over, override_reason=override_reason.strip() if over else "",
+            rights=rights,
         )
         status = _STATUS_AFTER[ReviewDecision.Decision(decision)]
         fields: dict[str, object] = {"status": status}
@@ -101,11 +122,13 @@ def review_decide(
         Change.objects.filter(pk=locked.pk).update(**fields)
         audit_record(actor=reviewer, action=f"change.{decision}", obj=locked,
                      data={"diff_sha256": locked.diff_sha256, "base": locked.base_commit,
-                           "comment": comment}
+                           "comment": comment, "rights": rights}
                      | ({"override": {"checks": over, "reason": made.override_reason}}
                         if over else {}))
         if status == Change.Status.REJECTED:
             change_decided_after_commit(locked.pk, Change.Status.REJECTED)
+        if status == Change.Status.CHANGES_REQUESTED:
+            changes_requested_after_commit(made.pk)
         if status == Change.Status.APPROVED:
             locked.refresh_from_db()
             try:
@@ -160,6 +183,27 @@ def change_merge_request(*, change: Change, user: User) -> Change:
         Change.objects.filter(pk=locked.pk).update(status=Change.Status.APPROVED)
         audit_record(actor=user, action="change.merge_retry", obj=locked)
     return change_advance(change_id=change.pk)
+
+
+# A request for changes not delivered this long after it was made was lost with the process
+# that committed it (before its after-commit send, or in the middle of it).
+UNDELIVERED_AFTER = timedelta(minutes=5)
+
+
+def requested_changes_reap() -> list[int]:
+    """Deliver the requests for changes a killed process left undelivered: never sent, or
+    claimed and never finished. Beat runs it every minute; returns the decisions sent."""
+    cutoff = timezone.now() - UNDELIVERED_AFTER
+    lost = ReviewDecision.objects.filter(
+        decision=ReviewDecision.Decision.REQUEST_CHANGES, created_at__lt=cutoff).filter(
+        Q(delivery={}) | Q(delivery__outcome="delivering",
+                           delivery__since__lt=cutoff.isoformat()))
+    sent = []
+    for decision_id, delivery in lost.values_list("pk", "delivery")[:100]:
+        if ReviewDecision.objects.filter(pk=decision_id, delivery=delivery).update(delivery={}):
+            changes_requested_send(decision_id)
+            sent.append(decision_id)
+    return sent
 
 
 def change_comment(*, change: Change, author: User, path: str, line: int,

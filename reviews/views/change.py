@@ -15,7 +15,7 @@ from infraops.errors import DomainError, Forbidden
 from infraops.feedback.charts import feedback_charts
 from infraops.ratelimit import APPROVE, throttled
 from reviews.diff_render import render_diff
-from reviews.models import Change, ReviewDecision
+from reviews.models import Change, ReviewDecision, grants_for_page
 from reviews.services import (
     change_comment,
     change_gate_read,
@@ -24,7 +24,7 @@ from reviews.services import (
     decision_denial,
     review_decide,
 )
-from reviews.services.decide import MAX_COMMENT
+from reviews.services.decide import MAX_COMMENT, decider_rights
 
 SHA256 = r"[0-9a-f]{64}"
 
@@ -33,7 +33,8 @@ class DecisionForm(forms.Form):
     decision = forms.ChoiceField(choices=ReviewDecision.Decision.choices)
     comment = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
                               max_length=MAX_COMMENT,
-                              label="Comment (goes back to the agent)")
+                              label="Comment (goes back to the agent: to its run while it "
+                                    "runs, else as the first message of a follow-up run)")
     diff_sha256 = forms.RegexField(regex=SHA256, widget=forms.HiddenInput)
     override_reason = forms.CharField(
         required=False, max_length=MAX_COMMENT, widget=forms.Textarea(attrs={"rows": 2}),
@@ -87,6 +88,7 @@ def _context(request: AuthenticatedHttpRequest, change: Change, **forms_: Any) -
         "decisions": change.decisions.select_related("reviewer"),
         "approval": change.valid_approval(),
         "can_decide": denial is None, "decide_denial": denial,
+        "my_rights": grants_for_page(decider_rights(request.user, change)),
         "form": forms_.get("form") or DecisionForm(initial={"diff_sha256": change.diff_sha256}),
         "comment_form": forms_.get("comment_form") or CommentForm(),
         "commenting": _commenting(request),

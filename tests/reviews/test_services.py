@@ -274,7 +274,8 @@ def test_control_characters_in_a_comment_are_stored_and_shown_escaped_in_the_aud
         stored = cursor.fetchone()[0]
     assert not {"\n", "\r", "\x1b"} & set(stored)
     assert "\\n2026-01-01" in stored and "\\u001b[31m" in stored
-    assert AuditEntry.objects.filter(object_id=str(config_change.pk)).count() == 2  # submit, reject
+    assert AuditEntry.objects.filter(object_type="reviews.change",
+                                     object_id=str(config_change.pk)).count() == 2  # submit, reject
     admin = cast(User, UserFactory(username="root", roles=["engineer"]))
     admin.is_superuser = True
     admin.save()

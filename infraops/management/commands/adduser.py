@@ -14,8 +14,12 @@ from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from infraops.models import Target, TargetMembership
+from infraops.grants import membership_grant, roles_changed_audit
+from infraops.models import Target
 from infraops.roles import ENGINEER, ROLES
+
+# The grantor its grants record: the operator, at the command line (infraops.grants).
+GRANTOR = "manage.py adduser"
 
 
 class Command(BaseCommand):
@@ -39,6 +43,8 @@ class Command(BaseCommand):
                                                        defaults={"email": options["email"]})
             if created or options["password"]:
                 user.set_password(password)
+            roles_before = set(user.groups.values_list("name", flat=True))
+            superuser_before = user.is_superuser
             # Engineers edit goals in the admin editor, so they are staff.
             user.is_staff = options["admin"] or ENGINEER in options["role"] or user.is_staff
             user.is_superuser = options["admin"] or user.is_superuser
@@ -47,13 +53,16 @@ class Command(BaseCommand):
             if len(groups) != len(set(options["role"])):
                 raise CommandError("Role groups are missing: run `manage.py migrate` first.")
             user.groups.add(*groups)
+            roles_changed_audit(user=user, before=roles_before,
+                                after=set(user.groups.values_list("name", flat=True)),
+                                by=None, superuser_before=superuser_before, by_label=GRANTOR)
             role = next(r for r in ROLES if r in options["role"])
             for name in options["target"]:
                 target = Target.objects.filter(name=name).first()
                 if target is None:
                     raise CommandError(f"No target named {name!r}: nothing was changed.")
-                TargetMembership.objects.update_or_create(target=target, user=user,
-                                                          defaults={"role": role})
+                membership_grant(target=target, user=user, role=role, by=None,
+                                 by_label=GRANTOR)
         roles = ", ".join(sorted(g.name for g in user.groups.all()))
         verb = "Created" if created else "Updated"
         shown = f" with password {password}" if created or options["password"] else ""
