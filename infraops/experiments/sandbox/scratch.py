@@ -55,6 +55,12 @@ _KEPT_MODE_BITS: Final = 0o1777  # setuid and setgid bits never reach the host
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _serial = itertools.count()
+_refused: list[str] = []  # why the first mount failed, in this process
+
+
+def scratch_available() -> bool:
+    """Whether runs here get a scratch: as root, until a mount has been refused."""
+    return os.geteuid() == 0 and not _refused
 
 
 @dataclass(frozen=True)
@@ -80,9 +86,10 @@ class _Scratch:
 
     @classmethod
     def make(cls, spec: SandboxSpec) -> _Scratch | None:
-        """Mount the run's scratch, or None where this process cannot mount (not root).
-        Raises SandboxUnavailable when a mount fails."""
-        if os.geteuid() != 0:
+        """Mount the run's scratch, or None where this process cannot mount: not root, or
+        refused (a container without the capability, a kernel without overlay), which is
+        logged once; the run then has the meter, as control groups degrade (cgroups.py)."""
+        if not scratch_available():
             return None
         parent = _scratch_parent()
         root = parent / f"r{os.getpid()}-{next(_serial)}"
@@ -92,9 +99,11 @@ class _Scratch:
             scratch._mount()
         except OSError as exc:
             scratch.remove()
-            raise SandboxUnavailable(
-                f"Could not mount the sandbox's {spec.limits.disk_mb} MB scratch file system "
-                f"(tmpfs and overlay) at {root}: {exc.strerror or exc}.") from exc
+            _refused.append(f"{exc.strerror or exc}")
+            log.warning("sandbox disk scratch (tmpfs and overlay) cannot be mounted here (%s): "
+                        "the disk limit is measured instead, and the inode limit is not held",
+                        _refused[0])
+            return None
         return scratch
 
     def _mount(self) -> None:

@@ -10,6 +10,7 @@ processes, 256 MB, 64 MB): a CI run of the whole suite may share this machine.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -471,6 +472,26 @@ def test_a_scratch_left_by_a_killed_worker_is_unmounted_by_the_next_run(dirs: Di
     assert result.reason == "ok", result.detail
     assert not orphan.exists()
     assert str(orphan) not in Path("/proc/self/mountinfo").read_text()
+
+
+@needs_scratch
+def test_where_a_scratch_cannot_be_mounted_the_disk_limit_is_measured_and_said(
+    dirs: Dirs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    from infraops.experiments.sandbox import scratch
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(scratch, "_mount", refused)
+    monkeypatch.setattr(scratch, "_refused", [])
+    result = run(dirs, "head -c 40000000 /dev/zero > a; sleep 30",
+                 limits(file_size_mb=64, disk_mb=32))
+    assert result.reason == "disk-limit", result.detail
+    assert result.detail.startswith("stopped after writing")  # the meter, not the kernel
+    assert "cannot be mounted here (Operation not permitted)" in caplog.text
+    assert "disk bytes per sandbox (measured while it runs)" in sandbox.sandbox_containment()
+    assert not list(scratch._scratch_parent().glob(f"r{os.getpid()}-*"))
 
 
 @needs_bwrap
