@@ -29,6 +29,7 @@ from agents.policies.registry import POLICIES
 from agents.policies.shared import out_of_budget, remove_worktree
 from infraops import gitops
 from infraops.access import has_target_role, target_roles
+from infraops.diskspace import disk_full_reason, says_disk_full
 from infraops.errors import DomainError
 from infraops.live import notify
 from infraops.models import Experiment, Goal
@@ -141,7 +142,7 @@ def run_step(*, run_id: int, number: int) -> AgentRun | None:
         try:
             prepared = POLICIES[run.policy].prepare(run)
         except (DomainError, gitops.GitError) as exc:
-            _finish(run, AgentRun.Status.FAILED, str(exc))
+            _fail_unless_disk_full(run, exc)
             return run
     thought = prepared.think()
     with transaction.atomic():
@@ -152,10 +153,21 @@ def run_step(*, run_id: int, number: int) -> AgentRun | None:
         try:
             outcome = thought.act(run)
         except (DomainError, gitops.GitError) as exc:
-            _finish(run, AgentRun.Status.FAILED, str(exc))
+            _fail_unless_disk_full(run, exc)
             return run
         _record(run, outcome)
     return run
+
+
+def _fail_unless_disk_full(run: AgentRun, error: DomainError | gitops.GitError) -> None:
+    """A step that cannot go on fails the run, unless a disk was full: that is the host's
+    trouble, not the run's, so it pauses with the reason until an engineer frees space and
+    resumes it (the step is then taken again)."""
+    full = disk_full_reason(error)
+    if full is not None:
+        _pause(run, full)
+    else:
+        _finish(run, AgentRun.Status.FAILED, str(error))
 
 
 def _count_dropped(run_id: int, cost: tuple[int, Decimal]) -> None:
@@ -311,7 +323,8 @@ def _transition(run: AgentRun, user: User, old: str, new: str,
 
 def run_wake(*, experiment_id: int) -> None:
     """An experiment finished: the runs waiting for it take their next step (a paused run
-    takes it when resumed)."""
+    takes it when resumed). One that failed because a worker's disk was full pauses them
+    instead, with its reason: the run's next trials would meet the same full disk."""
     with transaction.atomic():
         for run in AgentRun.objects.select_for_update().filter(
             status__in=[AgentRun.Status.RUNNING, AgentRun.Status.PAUSED],
@@ -323,7 +336,14 @@ def run_wake(*, experiment_id: int) -> None:
             run_event(run_id=run.pk, kind="experiment",
                       message=f"Experiment {experiment_id} {experiment.status}.",
                       data={"experiment": experiment_id, "status": experiment.status})
-            if run.status == AgentRun.Status.RUNNING:
+            if run.status != AgentRun.Status.RUNNING:
+                continue
+            if (experiment.status == Experiment.Status.FAILED
+                    and says_disk_full(experiment.failure_reason)):
+                _pause(run, f"experiment {experiment_id} failed on a full disk: "
+                            f"{experiment.failure_reason[:300]}. Free space on its worker, "
+                            "then resume the run.")
+            else:
                 _enqueue_step(run)
 
 
@@ -461,8 +481,9 @@ STALLED_AFTER = timedelta(minutes=10)
 
 
 def run_pause_for_error(*, run_id: int, error: BaseException) -> None:
-    """Pause a run whose step raised something unexpected, with the reason on its page."""
-    reason = f"a step failed: {type(error).__name__}: {str(error)[:300]}"
+    """Pause a run whose step raised something unexpected, with the reason on its page (a full
+    disk said as such)."""
+    reason = disk_full_reason(error) or f"a step failed: {type(error).__name__}: {str(error)[:300]}"
     with transaction.atomic():
         run = AgentRun.objects.select_for_update().filter(
             pk=run_id, status=AgentRun.Status.RUNNING).first()

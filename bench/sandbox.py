@@ -25,6 +25,7 @@ the full run is said, not judged (exit 0), unless there is no sandbox here at al
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import secrets
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from infraops.experiments import sandbox  # noqa: E402
-from infraops.experiments.sandbox import cgroups  # noqa: E402
+from infraops.experiments.sandbox import cgroups, scratch  # noqa: E402
 
 PYTHON = "/usr/bin/python3"  # inside the sandbox only /usr is there; same program on the host
 CANARY_VAR = "INFRAOPS_BENCH_ENV_CANARY"
@@ -58,13 +59,14 @@ ATTEMPT_LIMITS = sandbox.SandboxLimits(
 )
 
 # Abuses that used to spend what other runs need (one RLIMIT_NPROC for the whole uid; no total
-# of memory or disk), each holding its limit until the bench writes `stop` into its work tree.
-_HOLD = "while not os.path.exists('stop'): time.sleep(0.05)"
+# of memory or disk), each holding its limit until the bench writes `stop` into the folder bound
+# read-only at /control (the host's writes into a work tree do not reach a running sandbox).
+_HOLD = "while not os.path.exists('/control/stop'): time.sleep(0.05)"
 ABUSES: tuple[tuple[str, str, sandbox.SandboxLimits], ...] = (
     ("fork_bomb", f"""
 import os, time
 said = False
-while not os.path.exists("stop"):
+while not os.path.exists("/control/stop"):
     try:
         if os.fork() == 0:
             {_HOLD}
@@ -112,6 +114,32 @@ sys.exit(sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in ch
 """
 VICTIM_LIMITS = sandbox.SandboxLimits(wall_seconds=120.0, processes=64, memory_mb=2048,
                                       disk_mb=256, file_size_mb=64)
+
+# Issue 28's attack on the disk limit: empty files, more than a walking meter counted, then big
+# writes into the last of them (so that no new file is needed). argv: files, writes, MB each.
+# Counts what the kernel took: every os.write's return.
+DISK_ATTACK = r"""
+import os, sys
+files, writes, megabytes = (int(arg) for arg in sys.argv[1:])
+made = 0
+for i in range(files):
+    try:
+        os.close(os.open("e%d" % i, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except OSError:
+        break
+    made += 1
+wrote, chunk = 0, b"x" * (1 << 20)
+for i in range(min(writes, made)):
+    fd = os.open("e%d" % (made - 1 - i), os.O_WRONLY)
+    try:
+        for _ in range(megabytes):
+            wrote += os.write(fd, chunk)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+print("MADE", made, "WROTE", wrote, flush=True)
+"""
 
 # The attacker's program. argv: kind, arguments. Prints ESCAPED <sha256 of what it got> and exits
 # 0 when the operation worked; prints BLOCKED <error> and exits 3 otherwise.
@@ -561,6 +589,33 @@ class Bench:
                        f" kept_stdout_bytes={len(result.stdout)}"
                        f" truncated={result.output_truncated}")
 
+    def disk_attack(self, smoke: bool) -> None:
+        """Issue 28's attack: 500,100 empty files (the meter stopped counting at 500,000),
+        then 5 x 450 MB under a 2 GB limit; --smoke: 1,100 files against 1,000, then 5 x 16 MB
+        under 32 MB. The figures count what the kernel took past each limit (target 0)."""
+        limits = sandbox.SandboxLimits(wall_seconds=600.0, file_size_mb=512)
+        files, writes, megabytes = 500_100, 5, 450
+        if smoke:
+            limits = sandbox.SandboxLimits(wall_seconds=120.0, disk_mb=32, inodes=1000)
+            files, megabytes = 1_100, 16
+        attack = self.base / "disk-attack"
+        for part in ("work", "out"):
+            sandbox.sandbox_prepare_dir(attack / part, self.identity)
+        (attack / "work" / "attack.py").write_text(DISK_ATTACK)
+        result = sandbox.sandbox_run(sandbox.SandboxSpec(
+            command=f"{PYTHON} attack.py {files} {writes} {megabytes}", workdir=attack / "work",
+            out_dir=attack / "out", env={}, limits=limits), identity=self.identity)
+        words = result.stdout.split()
+        made, wrote = (int(words[1]), int(words[3])) if len(words) == 4 else (0, 0)
+        past_bytes = max(wrote - (limits.disk_mb << 20), 0)
+        past_files = max(made - limits.inodes, 0)
+        extra = (f"reason={result.reason} made={made} wrote={wrote} wall={result.wall_seconds:.1f}s"
+                 f" disk_mb={limits.disk_mb} inodes={limits.inodes}")
+        figure("disk_attack_bytes_past_limit", past_bytes, "bytes", extra)
+        figure("disk_attack_files_past_limit", past_files, "count")
+        self.failed |= bool(past_bytes or past_files) or result.reason != sandbox.REASON_DISK
+        shutil.rmtree(attack, ignore_errors=True)
+
     def host_effects(self) -> None:
         """Row S6's host side: how soon the host's CPU is back to its idle level once a CPU
         spin and a fork bomb are stopped, and how much this process (the worker) grows while a
@@ -597,6 +652,7 @@ class Bench:
             for folder in (abuser, victim):
                 for part in ("work", "out"):
                     sandbox.sandbox_prepare_dir(folder / part, self.identity)
+            (abuser / "control").mkdir(mode=0o755)
             (abuser / "work" / "abuse.py").write_text(program)
             (victim / "work" / "victim.py").write_text(VICTIM)
             at_limit = threading.Event()
@@ -617,7 +673,8 @@ class Bench:
                 try:
                     done.append(sandbox.sandbox_run(sandbox.SandboxSpec(
                         command=Watch.PREFIX + f"{PYTHON} abuse.py", workdir=folder / "work",
-                        out_dir=folder / "out", env={}, limits=limits),
+                        out_dir=folder / "out", env={}, limits=limits,
+                        readonly_binds=[(folder / "control", "/control")]),
                         identity=self.identity, on_output=on_output))
                 finally:
                     event.set()  # stopped before it said so (the disk fill, at its limit)
@@ -631,7 +688,7 @@ class Bench:
                     out_dir=victim / "out", env={}, limits=VICTIM_LIMITS),
                     identity=self.identity, on_output=victim_watch.on_output)
             finally:
-                (abuser / "work" / "stop").write_text("")
+                (abuser / "control" / "stop").write_text("")
                 thread.join()
             abused = done[0] if done else None
             failed = result.reason != sandbox.REASON_OK
@@ -663,24 +720,45 @@ class Bench:
         self.failed |= bool(left) or result.reason != sandbox.REASON_TIMEOUT
 
     def start_median(self, starts: int = 30) -> None:
+        """Row S9: the median of starts of `true`; each is followed by one without the disk
+        scratch (as a sandbox started by a user other than root runs), so that what the
+        scratch's mounts and unmounts cost is read off the same machine at the same moment."""
         limits = sandbox.SandboxLimits(wall_seconds=10.0)
         self.run("true", limits)
-        runs = []
+        runs: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(starts):
-            started = time.perf_counter()
-            result = self.run("true", limits)
-            runs.append((time.perf_counter() - started) * 1000)
-            if result.reason != sandbox.REASON_OK:
-                print(f"attempt: start `true` failed: {result.detail}", flush=True)
-                self.failed = True
+            for with_scratch in (True, False):
+                started = time.perf_counter()
+                with without_scratch(not with_scratch):
+                    result = self.run("true", limits)
+                runs[with_scratch].append((time.perf_counter() - started) * 1000)
+                if result.reason != sandbox.REASON_OK:
+                    print(f"attempt: start `true` failed: {result.detail}", flush=True)
+                    self.failed = True
         supervisor = "compiled" if os.access(sandbox.SUPERVISOR_BINARY, os.X_OK) else "python"
-        figure("sandbox_start_median_ms", f"{statistics.median(runs):.1f}", "ms",
-               f"supervisor={supervisor}")
+        median = statistics.median(runs[True])
+        figure("sandbox_start_median_ms", f"{median:.1f}", "ms", f"supervisor={supervisor}")
+        figure("sandbox_start_median_ms_without_scratch",
+               f"{statistics.median(runs[False]):.1f}", "ms")
 
     def remove(self) -> None:
         shutil.rmtree(self.base, ignore_errors=True)
         for path in self.cleanup:
             path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def without_scratch(off: bool) -> Iterator[None]:
+    """While off, sandboxes start with no disk scratch (the walking meter instead)."""
+    if not off:
+        yield
+        return
+    make = scratch._Scratch.make
+    scratch._Scratch.make = staticmethod(lambda spec: None)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        scratch._Scratch.make = make  # type: ignore[method-assign]
 
 
 def own_cgroups() -> list[Path]:
@@ -747,6 +825,7 @@ def main() -> int:
         # Only now, so that the host-side checks above saw nothing the detector run wrote.
         bench.detector_checks([*egress, *canaries, *writes])
         bench.containment()
+        bench.disk_attack(args.smoke)
         if not args.smoke:
             bench.host_effects()
         bench.timeout_leftovers()

@@ -756,10 +756,11 @@ def _run_slot(attempt: _Attempt, probe: Probe, access: ProbeAccess, variant: dic
 def probe_sandbox_limits(probe: Probe) -> sandbox.SandboxLimits:
     """The sandbox limits of one execution of `probe`: its timeout, and the processes,
     memory_mb and disk_mb it asks for (the manifest keys, where the manifest has them) within
-    the operator's maxima (settings.SANDBOX_MAX_*). DomainError for a value over a maximum."""
+    the operator's maxima (settings.SANDBOX_MAX_*), and the host's inode limit. DomainError for
+    a value over a maximum."""
     maxima = sandbox.SandboxMaxima(
         processes=settings.SANDBOX_MAX_PROCESSES, memory_mb=settings.SANDBOX_MAX_MEMORY_MB,
-        disk_mb=settings.SANDBOX_MAX_DISK_MB)
+        disk_mb=settings.SANDBOX_MAX_DISK_MB, inodes=settings.SANDBOX_MAX_INODES)
     try:
         return sandbox.probe_limits(
             wall_seconds=probe.timeout, maxima=maxima,

@@ -293,6 +293,10 @@ try:
     SANDBOX_MAX_PROCESSES = _read("INFRAOPS_SANDBOX_MAX_PROCESSES", "int", 1024)
     SANDBOX_MAX_MEMORY_MB = _read("INFRAOPS_SANDBOX_MAX_MEMORY_MB", "int", 8192)
     SANDBOX_MAX_DISK_MB = _read("INFRAOPS_SANDBOX_MAX_DISK_MB", "int", 8192)
+    # The files and folders one execution may create in its work tree and output: each costs
+    # the kernel about 1 KiB that disk_mb does not count, and the worker walks every one a run
+    # leaves (infraops/experiments/sandbox/scratch.py). Not asked for by a probe.
+    SANDBOX_MAX_INODES = _read("INFRAOPS_SANDBOX_MAX_INODES", "int", 100_000)
     # Where a sandbox cannot get its own pids control group, each experiment runs as a uid of
     # its own from this range ("first-last"; numeric ids no account uses), so the per-uid
     # process limit is per experiment (infraops.experiments.sandbox.sandbox_identity_lease). Empty:
@@ -380,6 +384,7 @@ try:
     for _name, _value in (("INFRAOPS_SANDBOX_MAX_PROCESSES", SANDBOX_MAX_PROCESSES),
                           ("INFRAOPS_SANDBOX_MAX_MEMORY_MB", SANDBOX_MAX_MEMORY_MB),
                           ("INFRAOPS_SANDBOX_MAX_DISK_MB", SANDBOX_MAX_DISK_MB),
+                          ("INFRAOPS_SANDBOX_MAX_INODES", SANDBOX_MAX_INODES),
                           ("INFRAOPS_RATE_APPROVE_PER_MIN", RATE_APPROVE_PER_MIN),
                           ("INFRAOPS_RATE_START_RUN_PER_MIN", RATE_START_RUN_PER_MIN),
                           ("INFRAOPS_BLOB_MAX_BYTES", BLOB_MAX_BYTES)):

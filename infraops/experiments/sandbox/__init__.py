@@ -9,8 +9,10 @@ Inside the sandbox the filesystem is built from nothing: ``/usr`` (and the ``/bi
 links) read-only, an ``/etc`` holding copies of a few harmless files, fresh ``/proc`` and ``/dev``,
 tmpfs ``/tmp``, ``/var``, ``/run``, ``/home`` and ``/root``, the worktree read-write at
 ``/work`` (its ``.git`` read-only), the output folder read-write at ``/out`` and the caller's
-read-only binds. Everything else on the host (the service's checkout, its data folder, the
-PostgreSQL and Redis sockets, ``/etc/shadow``) is absent. A probe that needs an accelerator is
+read-only binds. What a run writes to ``/work`` and ``/out`` lands on a tmpfs of its own, sized
+in bytes and in files (``scratch``), and is copied onto the host folders when it ends.
+Everything else on the host (the service's checkout, its data folder, the PostgreSQL and Redis
+sockets, ``/etc/shadow``) is absent. A probe that needs an accelerator is
 given its device nodes, and nothing else of the host's ``/dev`` (:func:`accelerator_device`).
 
 Process tree of one run::
@@ -33,8 +35,8 @@ The modules, in the order a run meets them:
 - ``mounts`` and ``devices``: bwrap's command line, the /etc copy, the accelerator nodes;
 - ``cgroups``: the run's control groups;
 - ``launch``: the argv that starts it, through ``supervisor.py`` or ``supervisor.c``;
-- ``runner``: running it to its end (:func:`sandbox_run`), with ``disk`` and
-  ``pid_namespace``;
+- ``runner``: running it to its end (:func:`sandbox_run`), with ``scratch`` (the disk it
+  writes, limited by the kernel; as root), ``disk`` (the meter otherwise) and ``pid_namespace``;
 - ``outcome``: its captured output and how it ended, as a :class:`SandboxResult`.
 
 Names here are re-exports, to be read and called. The settings the code reads at each call

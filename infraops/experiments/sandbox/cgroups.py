@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from infraops.experiments.sandbox.config import _LEFTOVER_WAIT_SECONDS, SandboxLimits
+from infraops.experiments.sandbox.scratch import scratch_available
 
 log = logging.getLogger("infraops.experiments.sandbox")  # one logger for the package
 
@@ -344,7 +345,7 @@ def _field(text: str | None, name: str) -> int:
 
 
 def sandbox_containment() -> str:
-    """One sentence: how processes and memory of a run are limited on this host (made by
+    """One sentence: how processes, memory and disk of a run are limited on this host (made by
     starting nothing: it makes and removes an empty group)."""
     groups = _Cgroups.make(SandboxLimits())
     try:
@@ -356,8 +357,10 @@ def sandbox_containment() -> str:
                  "processes per uid (RLIMIT_NPROC), a uid per experiment from the pool")
     parts.append("memory per sandbox (memory control group)" if "memory" in have else
                  "memory per process only (RLIMIT_AS)")
+    parts.append("disk bytes and files per sandbox (a sized tmpfs of its own)"
+                 if scratch_available() else "disk bytes per sandbox (measured while it runs)")
     note = f" ({'; '.join(groups.notes)})" if groups.notes else ""
-    return "Limits: " + ", ".join(parts) + ", disk per sandbox (size checks)" + note + "."
+    return "Limits: " + ", ".join(parts) + note + "."
 
 
 def _note_degraded(groups: _Cgroups) -> None:

@@ -38,10 +38,13 @@ class SandboxLimits:
     every process of the sandbox uid on the host: the uid an experiment leases for itself
     (:func:`sandbox_identity_lease`), so that concurrent experiments do not share it. memory_mb is
     the total memory of every process of the sandbox together, its tmpfs files included (a
-    memory control group; not enforced without one). disk_mb is the total the run may add to its
-    work tree and output folder (measured every disk._DISK_CHECK_SECONDS; files it deleted while
-    still holding them open count). total_cpu_seconds, when set, is the CPU time of every
-    process of the run together (a cpuacct control group)."""
+    memory control group; not enforced without one). disk_mb and inodes are the bytes and the
+    files and folders the run may write to its work tree and output folder (a changed file
+    counts whole; files it deleted while still holding them open count). Run as root, the kernel
+    enforces both, on a sized tmpfs of the run's own (scratch.py) whose pages also count toward
+    memory_mb; otherwise disk_mb is measured every disk._DISK_CHECK_SECONDS and inodes is not
+    enforced. total_cpu_seconds, when set, is the CPU time of every process of the run together
+    (a cpuacct control group)."""
 
     wall_seconds: float = 600.0
     cpu_seconds: int = 600
@@ -54,6 +57,9 @@ class SandboxLimits:
     output_bytes: int = 1_000_000  # cap on kept stdout+stderr each
     memory_mb: int = 4096
     disk_mb: int = 2048
+    # Files and folders: each costs the kernel about 1 KiB that no byte count sees, and the
+    # host walks every one a run leaves (scratch.py says more).
+    inodes: int = 100_000
     total_cpu_seconds: int | None = None
 
 
@@ -64,6 +70,7 @@ class SandboxMaxima:
     processes: int = 1024
     memory_mb: int = 8192
     disk_mb: int = 8192
+    inodes: int = 100_000  # not asked for by a probe: every execution gets this many
 
 
 def probe_limits(
@@ -88,7 +95,7 @@ def probe_limits(
             raise ValueError(f"{key} = {asked} is over this host's maximum of {ceiling}")
         else:
             chosen[key] = asked
-    return SandboxLimits(wall_seconds=wall_seconds, **chosen)
+    return SandboxLimits(wall_seconds=wall_seconds, inodes=maxima.inodes, **chosen)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
-"""The disk a run uses: what it added to its work tree and output folder, measured while it
-runs (:class:`_DiskMeter`), against its disk_mb."""
+"""The disk a run uses where no scratch can be mounted (a worker not run as root): what it
+added to its work tree and output folder, measured while it runs (:class:`_DiskMeter`),
+against its disk_mb. The walk stops at _DISK_MAX_ENTRIES, so a run that makes more entries
+than that can hide bytes behind them: as root, scratch.py has the kernel hold the limit."""
 
 from __future__ import annotations
 

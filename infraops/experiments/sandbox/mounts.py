@@ -4,7 +4,8 @@ environment, a filesystem built from nothing) and the copy of /etc it shows.
 Inside, ``/usr`` (and the ``/bin``, ``/lib`` links) is read-only, ``/etc`` holds copies of a
 few harmless files, ``/proc`` and ``/dev`` are fresh, ``/tmp``, ``/var``, ``/run``, ``/home`` and
 ``/root`` are sized tmpfs, the worktree is read-write at ``/work`` (its ``.git`` read-only), the
-output folder read-write at ``/out``, and the caller's read-only binds are where it asked."""
+output folder read-write at ``/out`` (both on the run's scratch where there is one: scratch.py),
+and the caller's read-only binds are where it asked."""
 
 from __future__ import annotations
 

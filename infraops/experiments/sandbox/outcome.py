@@ -37,6 +37,7 @@ _PROCESS_SIGNATURES: Final = (
     b"can't start new thread",
 )
 _FILE_SIZE_SIGNATURES: Final = (b"file too large",)
+_DISK_SIGNATURES: Final = (b"no space left on device", b"disk quota exceeded")
 
 
 @dataclass
@@ -136,6 +137,10 @@ def _reason(
         return REASON_CPU, f"stopped at the {limits.cpu_seconds} s CPU-time limit"
     if signum == signal.SIGXFSZ or _has(tail, _FILE_SIZE_SIGNATURES):
         return REASON_FILE_SIZE, f"stopped at the {limits.file_size_mb} MB file-size limit"
+    if _has(tail, _DISK_SIGNATURES):
+        return REASON_DISK, (f"a write found no space left: the {limits.disk_mb} MB and "
+                             f"{limits.inodes}-file disk limit of its work tree and output, or "
+                             f"its /tmp ({limits.file_size_mb} MB)")
     if _has(tail, _MEMORY_SIGNATURES):
         if limits.address_space_mb is None:
             return REASON_MEMORY, (f"ran out of memory: the sandbox's {limits.memory_mb} MB, "

@@ -31,6 +31,7 @@ from infraops.experiments.sandbox.launch import _launch_argv, _start
 from infraops.experiments.sandbox.mounts import _validate
 from infraops.experiments.sandbox.outcome import _Capture, _classify, _Hit
 from infraops.experiments.sandbox.pid_namespace import _Namespace
+from infraops.experiments.sandbox.scratch import _Scratch
 from infraops.experiments.sandbox.uids import _run_identity
 
 _CHUNK: Final = 65536
@@ -67,9 +68,11 @@ def sandbox_run(
             f"{CGROUP_DELEGATED_ENV} to a group that holds none.")
     status_read, status_write = os.pipe()
     run: _Run | None = None
+    scratch: _Scratch | None = None
     try:
-        run = _Run(spec, on_output, groups, _DiskMeter(spec))
-        argv = _launch_argv(spec, chosen, status_write, groups)
+        scratch = _Scratch.make(spec)
+        run = _Run(spec, on_output, groups, None if scratch else _DiskMeter(spec), scratch)
+        argv = _launch_argv(scratch.inside() if scratch else spec, chosen, status_write, groups)
         started = time.monotonic()
         run.started = started
         process = _start(argv, status_write)
@@ -81,10 +84,15 @@ def sandbox_run(
             except BaseException:
                 run.abort(process)
                 raise
-            return run.finish(process, started)
+            result = run.finish(process, started)
+        if scratch is not None:
+            scratch.keep()
+        return result
     finally:
         if run is not None:
             run.close()
+        if scratch is not None:
+            scratch.remove()
         groups.empty()
         groups.remove()
         os.close(status_read)
@@ -94,10 +102,11 @@ def sandbox_run(
 
 class _Run:
     """Pumps one started sandbox's output until it ends or its deadline passes, watching its
-    control groups and its disk use meanwhile."""
+    control groups and its disk use (its scratch's, or the meter's) meanwhile."""
 
     def __init__(self, spec: SandboxSpec, on_output: Callable[[str, bytes], None] | None,
-                 groups: _Cgroups | None = None, disk: _DiskMeter | None = None) -> None:
+                 groups: _Cgroups | None = None, disk: _DiskMeter | None = None,
+                 scratch: _Scratch | None = None) -> None:
         self.spec = spec
         self.on_output = on_output
         self.stdout = _Capture("stdout", spec.limits.output_bytes)
@@ -106,6 +115,7 @@ class _Run:
         self.namespace: _Namespace | None = None
         self.groups = groups
         self.disk = disk
+        self.scratch = scratch
         self.hits: list[_Hit] = []
         self.started = time.monotonic()
         self.killed = False  # by us: the timeout or a limit we enforce by watching
@@ -118,7 +128,7 @@ class _Run:
             process.stderr.fileno(): lambda chunk: self._keep(self.stderr, chunk),
             status_fd: self._on_status,
         }
-        watching = self.groups is not None or self.disk is not None
+        watching = self.groups is not None or self.disk is not None or self.scratch is not None
         next_check = time.monotonic() + _LIMIT_CHECK_SECONDS
         with selectors.DefaultSelector() as selector:
             for fd in readers:
@@ -173,6 +183,8 @@ class _Run:
                     self._hit(REASON_CPU, f"stopped after {used:.1f} s of CPU time, over the "
                                           f"{limits.total_cpu_seconds} s limit of this sandbox")
                     self._stop(process)
+        if self.scratch is not None:
+            self._watch_scratch()
         if self.disk is not None:
             over = self.disk.check(now, self._members)
             if over is not None:
@@ -180,6 +192,18 @@ class _Run:
                 self._hit(REASON_DISK, f"{verb} {_megabytes(over)} to its work tree and output, "
                                        f"over the {limits.disk_mb} MB disk limit")
                 self._stop(process)
+
+    def _watch_scratch(self) -> None:
+        """The kernel refuses writes past the scratch's limits; a full scratch names them."""
+        assert self.scratch is not None
+        limits, used = self.spec.limits, self.scratch.usage()
+        if used.bytes_full:
+            self._hit(REASON_DISK, f"wrote {_megabytes(used.bytes)} to its work tree and output: "
+                                   f"a write over the {limits.disk_mb} MB disk limit was refused")
+        elif used.files_full:
+            self._hit(REASON_DISK, f"made {used.files} files and folders in its work tree and "
+                                   f"output: one more, over the {limits.inodes}-file limit, was "
+                                   "refused")
 
     def _members(self) -> Sequence[int]:
         if self.groups is not None and self.groups.controllers & {"pids", "memory"}:

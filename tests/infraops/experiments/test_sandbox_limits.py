@@ -10,6 +10,7 @@ processes, 256 MB, 64 MB): a CI run of the whole suite may share this machine.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -101,8 +102,10 @@ def my_cgroups() -> list[Path]:
 
 
 # A fork bomb in a separate process, as another experiment in another pool process: it fills its
-# process limit, prints FULL, keeps forking until the test writes `stop` into its work tree
-# (or its wall-clock limit), then exits 3. Prints the result as JSON on the last line.
+# process limit, prints FULL, keeps forking until the test writes `stop` into the folder beside
+# its work tree bound read-only at /control (its work tree inside is a layer of its own, which
+# the host's later writes do not reach: scratch.py), or its wall-clock limit, then exits 3.
+# Prints the result as JSON on the last line.
 BOMB_SERVICE = """
 import json, sys
 from pathlib import Path
@@ -111,6 +114,7 @@ from infraops.experiments import sandbox
 work, out, wall = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
 result = sandbox.sandbox_run(sandbox.SandboxSpec(
     command="/usr/bin/python3 bomb.py", workdir=work, out_dir=out, env={},
+    readonly_binds=[(work.parent / "control", "/control")],
     limits=sandbox.SandboxLimits(wall_seconds=wall, processes=32, output_bytes=10000)),
     on_output=lambda stream, chunk: (sys.stdout.write(chunk.decode()), sys.stdout.flush()))
 print()
@@ -121,10 +125,10 @@ print(json.dumps({"reason": result.reason, "limits_hit": result.limits_hit,
 BOMB = r"""
 import os, sys, time
 said = False
-while not os.path.exists("stop"):
+while not os.path.exists("/control/stop"):
     try:
         if os.fork() == 0:
-            while not os.path.exists("stop"):
+            while not os.path.exists("/control/stop"):
                 time.sleep(0.05)
             os._exit(0)
     except OSError:
@@ -155,6 +159,7 @@ def test_a_fork_bomb_in_one_run_does_not_fail_a_concurrent_run(dirs: Dirs) -> No
     bomb = make_dirs("infraops-limits-test-")
     try:
         (bomb.work / "bomb.py").write_text(BOMB)
+        (bomb.base / "control").mkdir(mode=0o755)
         (dirs.work / "victim.py").write_text(VICTIM)
         service = subprocess.Popen(
             [sys.executable, "-c", BOMB_SERVICE, str(bomb.work), str(bomb.out), str(DEADLINE)],
@@ -166,7 +171,7 @@ def test_a_fork_bomb_in_one_run_does_not_fail_a_concurrent_run(dirs: Dirs) -> No
             assert service.stdout.readline().strip() == "FULL"
             victim = run(dirs, f"{PYTHON} victim.py", limits(processes=64))
         finally:
-            (bomb.work / "stop").write_text("")
+            (bomb.base / "control" / "stop").write_text("")
             rest, _ = service.communicate(timeout=DEADLINE)
         assert (victim.reason, victim.exit_code) == ("ok", 0), victim.detail
         assert victim.stdout.split()[-1] == b"40"
@@ -202,6 +207,7 @@ with held as identity:
     print("UID", identity.uid, flush=True)
     result = sandbox.sandbox_run(sandbox.SandboxSpec(
         command="/usr/bin/python3 bomb.py", workdir=work, out_dir=out, env={},
+        readonly_binds=[(work.parent / "control", "/control")],
         limits=sandbox.SandboxLimits(wall_seconds=wall, processes=32, output_bytes=10000)),
         identity=identity,
         on_output=lambda stream, chunk: (sys.stdout.write(chunk.decode()), sys.stdout.flush()))
@@ -232,6 +238,7 @@ def test_without_control_groups_a_fork_bomb_fails_another_run_only_when_they_sha
     bomb = make_dirs("infraops-limits-test-")
     try:
         (bomb.work / "bomb.py").write_text(BOMB)
+        (bomb.base / "control").mkdir(mode=0o755)
         (dirs.work / "victim.py").write_text(VICTIM)
         argv = [str(bomb.work), str(bomb.out), str(DEADLINE), _uids(pool)]
         service = subprocess.Popen([sys.executable, "-c", POOLED_BOMB_SERVICE, *argv],
@@ -248,7 +255,7 @@ def test_without_control_groups_a_fork_bomb_fails_another_run_only_when_they_sha
                 victim = run(dirs, f"{PYTHON} victim.py", limits(processes=64),
                              identity=identity)
         finally:
-            (bomb.work / "stop").write_text("")
+            (bomb.base / "control" / "stop").write_text("")
             rest, _ = service.communicate(timeout=DEADLINE)
         # (The bomb itself ends by exiting: without a pids group only its own output could
         # name the limit, and it prints none.)
@@ -335,7 +342,12 @@ def test_many_files_each_under_the_file_size_cap_are_stopped_at_the_disk_limit(
     result = run(dirs, fill, limits(file_size_mb=16, disk_mb=64))
     assert result.reason == "disk-limit", result.detail
     assert "over the 64 MB disk limit" in result.detail
-    assert result.exit_code is None  # stopped: the sleep never ended
+    if IS_ROOT:  # the kernel refused the write (scratch.py): the shell stopped there, at once
+        assert result.exit_code == 9, result.detail
+        kept = sum(path.stat().st_size for path in dirs.work.glob("fill-*"))
+        assert 0 < kept <= 64 << 20
+    else:  # the meter stopped it: the sleep never ended
+        assert result.exit_code is None
     assert my_cgroups() == []
 
 
@@ -358,6 +370,128 @@ def test_a_run_that_wrote_past_the_disk_limit_before_a_check_still_fails_named(
                  limits(file_size_mb=64, disk_mb=32))
     assert result.reason == "disk-limit", result.detail
     assert result.detail.startswith("wrote ")
+
+
+# Writes what it can (empty folders first, then big files into one more), counting the bytes
+# the kernel took, and prints that count whatever stopped it.
+MANY_THEN_BIG = r"""
+import os, sys
+folders, files, size = (int(arg) for arg in sys.argv[1:])
+wrote, chunk = 0, b"x" * (1 << 20)
+try:
+    for i in range(folders):
+        os.mkdir("empty-%d" % i)
+    os.mkdir("big")
+    for i in range(files):
+        with open("big/%d" % i, "wb") as f:
+            for _ in range(size):
+                wrote += f.write(chunk)
+except OSError as exc:
+    print("REFUSED", exc, file=sys.stderr)
+print("WROTE", wrote, flush=True)
+"""
+
+
+def wrote(result: SandboxResult) -> int:
+    return int(result.stdout.split()[-1])
+
+
+needs_scratch = pytest.mark.skipif(
+    not IS_ROOT or shutil.which("bwrap") is None,
+    reason="the kernel holds the disk limit only where the worker can mount a scratch (root)")
+
+
+@needs_scratch
+def test_entries_past_a_meters_cap_do_not_hide_bytes_from_the_disk_limit(
+    dirs: Dirs, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 28's attack, made small: more entries than a walking meter counts (its cap lowered
+    # from 500,000 to 1,000 here), then files five times the limit behind them.
+    monkeypatch.setattr(disk, "_DISK_MAX_ENTRIES", 1_000)
+    (dirs.work / "attack.py").write_text(MANY_THEN_BIG)
+    result = run(dirs, f"{PYTHON} attack.py 1100 5 16", limits(disk_mb=32))
+    assert result.reason == "disk-limit", result.detail
+    assert "over the 32 MB disk limit was refused" in result.detail
+    assert 0 < wrote(result) <= 32 << 20
+    kept = sum(path.stat().st_size for path in (dirs.work / "big").iterdir())
+    assert kept == wrote(result)  # what the run wrote reached the host's work tree, no more
+
+
+@needs_scratch
+def test_the_file_count_has_a_limit_of_its_own(dirs: Dirs) -> None:
+    (dirs.work / "attack.py").write_text(MANY_THEN_BIG)
+    result = run(dirs, f"{PYTHON} attack.py 5000 0 0", limits(inodes=1000))
+    assert result.reason == "disk-limit", result.detail
+    assert "over the 1000-file limit, was refused" in result.detail
+    assert b"No space left on device" in result.stderr
+    assert 990 <= len(list(dirs.work.glob("empty-*"))) <= 1000
+
+
+@needs_scratch
+def test_what_a_run_changes_in_its_work_tree_reaches_the_host_and_the_next_run(
+    dirs: Dirs,
+) -> None:
+    (dirs.work / "kept.txt").write_text("old")
+    (dirs.work / "gone.txt").write_text("bye")
+    (dirs.work / "folder").mkdir()
+    (dirs.work / "folder" / "old.txt").write_text("old")
+    (dirs.work / "becomes-file").mkdir()
+    sandbox_prepare_dir(dirs.work, dirs.identity)
+    changes = ("echo new > kept.txt; rm gone.txt; rm -r folder; mkdir -p folder/sub; "
+               "echo fresh > folder/sub/new.txt; rmdir becomes-file; echo f > becomes-file; "
+               "ln -s kept.txt link; mkdir -p deep/a/b; echo d > deep/a/b/c; "
+               "echo result > /out/result.txt")
+    result = run(dirs, changes)
+    assert result.reason == "ok", result.detail
+    work = dirs.work
+    assert (work / "kept.txt").read_text() == "new\n"
+    assert not (work / "gone.txt").exists()
+    assert sorted(p.relative_to(work).as_posix() for p in (work / "folder").rglob("*")) == [
+        "folder/sub", "folder/sub/new.txt"]  # the old folder's file did not come back
+    assert (work / "becomes-file").read_text() == "f\n"
+    assert (work / "link").is_symlink() and os.readlink(work / "link") == "kept.txt"
+    assert (work / "deep/a/b/c").read_text() == "d\n"
+    assert (dirs.out / "result.txt").read_text() == "result\n"
+    if IS_ROOT:
+        assert (work / "folder/sub/new.txt").stat().st_uid == dirs.identity.uid
+    again = run(dirs, "cat kept.txt folder/sub/new.txt; test ! -e gone.txt")
+    assert (again.reason, again.stdout) == ("ok", b"new\nfresh\n"), again.detail
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert "infraops-sandbox/scratch" not in mounts  # every scratch unmounted
+
+
+@needs_scratch
+def test_a_scratch_left_by_a_killed_worker_is_unmounted_by_the_next_run(dirs: Dirs) -> None:
+    from infraops.experiments.sandbox import scratch
+
+    parent = scratch._scratch_parent()
+    orphan = parent / "r999999999-0"  # no such process: pids stop far below this
+    orphan.mkdir()
+    scratch._mount("tmpfs", orphan, "tmpfs", "size=1048576")
+    result = run(dirs, "true")
+    assert result.reason == "ok", result.detail
+    assert not orphan.exists()
+    assert str(orphan) not in Path("/proc/self/mountinfo").read_text()
+
+
+@needs_scratch
+def test_where_a_scratch_cannot_be_mounted_the_disk_limit_is_measured_and_said(
+    dirs: Dirs, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    from infraops.experiments.sandbox import scratch
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(scratch, "_mount", refused)
+    monkeypatch.setattr(scratch, "_refused", [])
+    result = run(dirs, "head -c 40000000 /dev/zero > a; sleep 30",
+                 limits(file_size_mb=64, disk_mb=32))
+    assert result.reason == "disk-limit", result.detail
+    assert result.detail.startswith("stopped after writing")  # the meter, not the kernel
+    assert "cannot be mounted here (Operation not permitted)" in caplog.text
+    assert "disk bytes per sandbox (measured while it runs)" in sandbox.sandbox_containment()
+    assert not list(scratch._scratch_parent().glob(f"r{os.getpid()}-*"))
 
 
 @needs_bwrap
@@ -519,6 +653,17 @@ def test_a_probes_sandbox_limits_come_from_its_manifest_keys_within_the_maxima(
     settings.SANDBOX_MAX_MEMORY_MB = 256
     with pytest.raises(DomainError, match="memory_mb = 512 is over this host's maximum of 256"):
         probe_sandbox_limits(probe)
+
+
+def test_every_probe_gets_the_hosts_inode_limit(settings: Any) -> None:
+    from infraops.experiments.services import probe_sandbox_limits
+    from infraops.manifest import parse_manifest
+
+    [probe] = parse_manifest('[[probe]]\nname = "p"\nlayer = "correctness"\n'
+                             'command = "true"\n').probes
+    assert probe_sandbox_limits(probe).inodes == 100_000
+    settings.SANDBOX_MAX_INODES = 5_000
+    assert probe_sandbox_limits(probe).inodes == 5_000
 
 
 @pytest.mark.parametrize("line", ["processes = 0", "memory_mb = -1", "disk_mb = true",
