@@ -114,3 +114,27 @@ def test_an_experiment_page_links_its_runs_and_the_change_it_is_the_evidence_of(
 
     assert f'Asked by <a href="/runs/{run.pk}/">run {run.pk}</a>.' in page
     assert f'The evidence of <a href="/reviews/changes/{change.pk}/">change {change.pk}</a>' in page
+
+
+def test_an_engineer_starts_a_run_from_the_goal_page(client: Client, engineer: User,
+                                                     example_goal: Goal) -> None:
+    """A newcomer reading a goal's progress had to go back to the target page to start a run."""
+    client.force_login(engineer)
+
+    page = client.get(f"/goals/{example_goal.pk}/").content.decode()
+
+    assert f'action="/goals/{example_goal.pk}/runs/"' in page
+    assert ">Start a run</button>" in page
+
+
+def test_the_goal_page_says_when_a_run_is_active_and_hides_the_start_from_viewers(
+        client: Client, engineer: User, viewer: User, example_goal: Goal) -> None:
+    run = AgentRunFactory.create(goal=example_goal, started_by=engineer)
+    client.force_login(engineer)
+
+    page = client.get(f"/goals/{example_goal.pk}/").content.decode()
+
+    assert ">Start another run</button>" in page and f"Run {run.pk}</a> is running" in page
+    client.force_login(viewer)
+    page = client.get(f"/goals/{example_goal.pk}/").content.decode()
+    assert f"/goals/{example_goal.pk}/runs/" not in page
