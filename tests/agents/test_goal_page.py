@@ -3,6 +3,7 @@ with intervals), each goal version's changes in words, its runs and merged chang
 
 from __future__ import annotations
 
+import html
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from agents.goals import evolution
-from infraops.models import Experiment, Goal
+from infraops.models import Experiment, Goal, Target
 from infraops.services.goals import goal_snapshot, spec_changes
 from reviews.models import Change
 from tests.factories import AgentRunFactory, ChangeFactory, ExperimentFactory
@@ -138,3 +139,45 @@ def test_the_goal_page_says_when_a_run_is_active_and_hides_the_start_from_viewer
     client.force_login(viewer)
     page = client.get(f"/goals/{example_goal.pk}/").content.decode()
     assert f"/goals/{example_goal.pk}/runs/" not in page
+
+
+def test_the_dashboard_marks_the_goals_that_cannot_run_here(
+        client: Client, engineer: User, demo: Target, settings: Any) -> None:
+    """The demo's LLM and GPU goals looked like the three that run anywhere."""
+    settings.OPENAI_BASE_URL = ""
+    client.force_login(engineer)
+
+    rows = dashboard_goal_rows(client)
+
+    assert {name for name, row in rows.items() if "cannot-run" in row} == {
+        "Numerics, by the LLM agent: the parallel merge matches the sequential path",
+        "Numerics on the GPU: the Triton merge stays close to float64"}
+    assert "needs an LLM endpoint: none here" in rows[
+        "Numerics, by the LLM agent: the parallel merge matches the sequential path"]
+    assert "needs a worker with gpu: none here" in rows[
+        "Numerics on the GPU: the Triton merge stays close to float64"]
+    assert not any("needs " in row for name, row in rows.items() if "GPU" not in name
+                   and "LLM" not in name)
+
+
+def test_a_goal_whose_need_is_met_is_marked_but_not_greyed(
+        client: Client, engineer: User, demo: Target, settings: Any) -> None:
+    settings.OPENAI_BASE_URL = "http://127.0.0.1:9/v1"
+    client.force_login(engineer)
+
+    row = dashboard_goal_rows(client)[
+        "Numerics, by the LLM agent: the parallel merge matches the sequential path"]
+
+    assert "cannot-run" not in row and "needs an LLM endpoint</span>" in row
+
+
+def dashboard_goal_rows(client: Client) -> dict[str, str]:
+    """The dashboard's goals table, row by row, by the goal's name."""
+    page = client.get("/").content.decode()
+    table = page[page.index('id="dashboard-goals"'):page.index("</table>",
+                                                               page.index('id="dashboard-goals"'))]
+    rows = {}
+    for row in table.split("<tr")[2:]:
+        name = row.split("</a>", 1)[0].rsplit(">", 1)[1]
+        rows[html.unescape(name)] = row
+    return rows
