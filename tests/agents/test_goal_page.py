@@ -13,6 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from agents.goals import evolution
+from agents.models import AgentRun
 from infraops.models import Experiment, Goal, Target
 from infraops.services.goals import goal_snapshot, spec_changes
 from reviews.models import Change
@@ -181,3 +182,23 @@ def dashboard_goal_rows(client: Client) -> dict[str, str]:
         name = row.split("</a>", 1)[0].rsplit(">", 1)[1]
         rows[html.unescape(name)] = row
     return rows
+
+
+def test_a_run_a_person_stopped_reads_stopped_in_the_run_lists(
+        client: Client, engineer: User, example_goal: Goal) -> None:
+    """'stop' submits the best so far and ends the run 'succeeded': the dashboard, the target
+    page and the goal page said so, as if it had run to its end."""
+    stopped = AgentRunFactory.create(
+        goal=example_goal, started_by=engineer, status=AgentRun.Status.SUCCEEDED,
+        state={"stop": True, "stopped_by": "erin"}, finished_at=timezone.now(),
+        stop_reason="stopped by erin, best so far submitted: change 4")
+    ended = AgentRunFactory.create(goal=example_goal, started_by=engineer,
+                                   status=AgentRun.Status.SUCCEEDED, finished_at=timezone.now())
+    client.force_login(engineer)
+
+    for path in ("/", f"/targets/{example_goal.target.name}/", f"/goals/{example_goal.pk}/"):
+        page = client.get(path).content.decode()
+        row = page[page.index(f">run {stopped.pk}</a>"):]
+        assert row[:row.index("</tr>")].count('<span class="badge stopped">stopped</span>') == 1
+        row = page[page.index(f">run {ended.pk}</a>"):]
+        assert '<span class="badge succeeded">succeeded</span>' in row[:row.index("</tr>")]
