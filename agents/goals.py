@@ -7,10 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Count
 
 from agents.models import AgentRun
+from infraops.experiments.services import queue_for
+from infraops.experiments.workers import live_queues
 from infraops.feedback.findings import about_baseline
+from infraops.manifest import Manifest
 from infraops.models import Goal
 from reviews.models import Change
 
@@ -85,6 +89,17 @@ def evolution(goal: Goal) -> list[Point]:
 
 
 @dataclass(frozen=True)
+class Need:
+    """What a goal needs beyond the CPU workers of every install, and whether this one has it
+    now: an LLM endpoint for its policy, a worker with hardware for its probe. A goal that
+    cannot run here is marked so on the dashboard, not drawn like the others."""
+
+    what: str  # "an LLM endpoint", "a worker with gpu"
+    here: bool
+    how: str  # how to provide it, in words
+
+
+@dataclass(frozen=True)
 class Progress:
     """A goal as the dashboard shows it: how far its merged changes moved the metric from the
     base, against its target, and what is going on for it now."""
@@ -96,6 +111,12 @@ class Progress:
     active_runs: int
     merged: int
     awaiting_review: int
+    needs: tuple[Need, ...] = ()
+
+    @property
+    def runs_here(self) -> bool:
+        """Whether this install has everything the goal needs."""
+        return all(need.here for need in self.needs)
 
     @property
     def gain(self) -> float | None:
@@ -159,6 +180,7 @@ def goal_progress(target_ids: list[int] | None) -> list[Progress]:
         if credited(feedback):  # a cheat merged over its integrity failure moves nothing
             summaries.setdefault(goal_id, []).append(summary or {})
     result = []
+    needs = goal_needs(list(goals))
     for goal in goals:
         measured = [row for summary in summaries.get(goal.pk, [])
                     if (row := _goal_row(summary, goal)) is not None]
@@ -167,8 +189,32 @@ def goal_progress(target_ids: list[int] | None) -> list[Progress]:
             float(measured[-1]["candidate_median"]) if measured else None,
             str(measured[0].get("unit") or "") if measured else "",
             active.get(goal.pk, 0), counts.get((goal.pk, Change.Status.MERGED), 0),
-            counts.get((goal.pk, Change.Status.PENDING_REVIEW), 0)))
+            counts.get((goal.pk, Change.Status.PENDING_REVIEW), 0), needs[goal.pk]))
     return result
+
+
+def goal_needs(goals: list[Goal]) -> dict[int, tuple[Need, ...]]:
+    """Each goal's needs (Need): its target's manifest read once per target, the workers'
+    heartbeats only when some probe needs hardware."""
+    manifests: dict[int, Manifest | None] = {}
+    live: set[str] | None = None
+    found: dict[int, tuple[Need, ...]] = {}
+    for goal in goals:
+        needs = []
+        if goal.policy == Goal.Policy.LLM:
+            needs.append(Need("an LLM endpoint", bool(settings.OPENAI_BASE_URL),
+                              "set OPENAI_BASE_URL, or start the standalone with --demo-llm"))
+        if goal.target_id not in manifests:
+            manifests[goal.target_id] = goal.target.manifest()
+        manifest = manifests[goal.target_id]
+        probe = manifest.probe(goal.probe) if manifest is not None else None
+        if probe is not None and probe.requires:
+            queue = queue_for([probe])
+            live = live_queues() or set() if live is None else live
+            needs.append(Need(f"a worker with {' and '.join(probe.requires)}", queue in live,
+                              f"its probe {probe.name} runs on queue {queue}: docs/gpu.md"))
+        found[goal.pk] = tuple(needs)
+    return found
 
 
 def _goal_row(summary: dict[str, Any], goal: Goal) -> dict[str, Any] | None:

@@ -78,6 +78,15 @@ class AgentRun(models.Model):
                                self.Status.CANCELLED)
 
     @property
+    def shown_status(self) -> str:
+        """The status as the run lists show it: a run a person stopped reads "stopped" (the
+        best so far submitted, or nothing), not "succeeded" as if it had reached its end."""
+        stopped = (self.state or {}).get("stopped_by")
+        if stopped and self.status in (self.Status.SUCCEEDED, self.Status.FINISHED):
+            return "stopped"
+        return str(self.status)
+
+    @property
     def budget(self) -> dict[str, object]:
         spec: dict[str, object] = self.goal_version.spec["boundary"]
         return spec

@@ -3,6 +3,7 @@ the target's runs on the target page; the runs and changes of an experiment on i
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from django.template import Context
@@ -15,8 +16,14 @@ from reviews.models import Change
 
 
 def goal_controls(page: Context, goal: Goal) -> dict[str, Any] | None:
-    """Start a run, saying so when one is already active on the goal (engineers only)."""
-    if ENGINEER not in (page.get("target_roles") or ()):
+    """The target page's run controls of a goal (start_controls)."""
+    return start_controls(goal, page.get("target_roles") or ())
+
+
+def start_controls(goal: Goal, target_roles: Collection[str]) -> dict[str, Any] | None:
+    """Start a run, saying so when one is already active on the goal (engineers only): drawn
+    on the target page and on the goal's own page, where a reader of its progress would look."""
+    if ENGINEER not in target_roles:
         return None
     active = (AgentRun.objects.filter(goal_version__goal=goal,
                                       status__in=AgentRun.active_statuses())

@@ -23,6 +23,7 @@ from agents import services
 from agents.charts import evolution_svg
 from agents.goals import evolution, goal_progress
 from agents.models import AgentRun, Hypothesis, RunMessage, Step
+from agents.panels import start_controls
 from agents.policies.llm import called_summary, untrusted_parts
 from infraops.access import (
     AuthenticatedHttpRequest,
@@ -80,14 +81,17 @@ def goal_detail(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
     versions = list(goal.versions.select_related("created_by").order_by("number"))
     history = [{"version": v, "changes": spec_changes(versions[i - 1].spec if i else None, v.spec)}
                for i, v in enumerate(versions)]
+    target_roles = request_target_roles(request, goal.target_id)
     return render(request, "agents/goal.html", {
         "goal": goal, "points": points, "chart": evolution_svg(points, goal.metric),
+        # Start a run where the goal is read, as on the target page (engineers only).
+        "controls": start_controls(goal, target_roles),
         "history": list(reversed(history)),
         "runs": AgentRun.objects.filter(goal_version__goal=goal)
                 .select_related("goal_version__goal__target", "started_by")[:50],
         "merged": Change.objects.filter(goal=goal, status=Change.Status.MERGED)
                   .order_by("-merged_at"),
-        "target_roles": request_target_roles(request, goal.target_id),
+        "target_roles": target_roles,
     })
 
 

@@ -314,6 +314,9 @@ class BoundaryInline(admin.StackedInline):  # type: ignore[type-arg]
     min_num = 1
     max_num = 1
 
+    class Media:
+        css = {"all": ["css/admin.css"]}  # budgets as wide as their largest values
+
 
 MAX_RAISE = 10.0  # the most a raised metric may be asked to grow: 1000%
 MAX_CELLS_NAMED = 12  # an error lists at most this many of a probe's variant cells

@@ -123,7 +123,9 @@ PROBE_KEYS = (
 )
 SANDBOX_LIMIT_KEYS = ("processes", "memory_mb", "disk_mb")
 COMPARE_KEYS = ("reference", "candidate", "rtol", "atol")
-KNOB_KEYS = ("name", "file", "pattern", "values", "range", "description")
+KNOB_KEYS = ("name", "file", "pattern", "values", "range", "description", "skeleton")
+# A skeleton's slug (skeletons.Skeleton.slug): lower-case words joined by hyphens.
+_SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 RISK_KEYS = ("category", "reason", "paths", "patterns")
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -344,6 +346,7 @@ class Knob:
     values: tuple[str, ...] | None = None
     range: tuple[float, float, float | None] | None = None
     description: str = ""
+    skeleton: str = ""  # the slug of the library's technique that turning this knob applies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1141,9 +1144,14 @@ def _parse_knob(raw: Mapping[str, Any], report: _Table) -> Knob | None:
     else:
         bounds = _range(raw["range"], report)
     description = _text(raw, "description", report, required=False) or ""
+    skeleton = _text(raw, "skeleton", report, required=False) or ""
+    if skeleton and not _SLUG.fullmatch(skeleton):
+        report.report("skeleton", f"skeleton {skeleton!r} is not a skeleton's slug (lower-case "
+                                  "words joined by hyphens, as /skeletons/<slug>/ names it)")
     if report.count() > before or name is None or file is None or pattern is None:
         return None
-    return Knob(name, file, pattern, values=values, range=bounds, description=description)
+    return Knob(name, file, pattern, values=values, range=bounds, description=description,
+                skeleton=skeleton)
 
 
 def _pattern(raw: Mapping[str, Any], report: _Table) -> str | None:

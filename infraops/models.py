@@ -7,6 +7,7 @@ import re
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -19,6 +20,26 @@ from infraops.roles import ROLES
 
 def _lines(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def repo_label(url: str) -> str:
+    """A repository URL as a page may show it: a local repository by its folder's name (in
+    the data folder, by its place there), a remote URL without a password. A server's absolute
+    paths told every reader the host's layout and said nothing a newcomer could use; the admin
+    editor still shows the URL as it was registered."""
+    local = url.removeprefix("file://") if url.startswith(("/", "file://")) else None
+    if local is None:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.netloc.rsplit("@", 1)[1]
+        user = f"{parts.username}@" if parts.username else ""
+        return urlunsplit(parts._replace(netloc=user + host))
+    path = Path(local)
+    data = Path(settings.DATA_DIR).resolve()
+    if path.resolve().is_relative_to(data):
+        return f"data folder: {path.resolve().relative_to(data)}"
+    return f"server folder: {path.name}"
 
 
 class Target(models.Model):
@@ -52,6 +73,11 @@ class Target(models.Model):
     @property
     def clone_path(self) -> Path:
         return Path(settings.DATA_DIR) / "repos" / f"target-{self.pk}.git"
+
+    @property
+    def repo_label(self) -> str:
+        """The repository as the pages name it (repo_label)."""
+        return repo_label(self.repo_url)
 
     def manifest(self) -> Manifest | None:
         """The parsed manifest, or None when it is missing or invalid (see manifest_errors)."""

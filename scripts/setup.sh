@@ -26,10 +26,15 @@ fi
 stamp=.venv/.requirements-$(cat requirements.txt requirements-dev.txt requirements-gpu.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   echo "Installing Python packages into .venv (about two minutes the first time; log: .venv/pip.log)"
-  { .venv/bin/pip install --progress-bar off --upgrade pip &&
+  step_marker=.venv/.pip-step
+  # Each step says where it begins, in the log and by a marker's time (scripts/pip-progress.sh).
+  step() { echo "== step $1 of 3: $2"; touch "$step_marker"; }
+  { step 1 "pip itself" && .venv/bin/pip install --progress-bar off --upgrade pip &&
+    step 2 "the pinned packages" &&
     .venv/bin/pip install --progress-bar off -r requirements-dev.txt &&
     # The release the FLA examples are built from (examples/*/source.toml), files only: a
     # separate call, since hash-checking mode cannot mix with the unhashed files above.
+    step 3 "the FLA release" &&
     .venv/bin/pip install --progress-bar off --require-hashes --no-deps -r requirements-gpu.txt
   } > .venv/pip.log 2>&1 &
   pip_pid=$!
@@ -40,13 +45,7 @@ if [ ! -f "$stamp" ]; then
     sleep 1
     if (( SECONDS - started >= report )); then
       report=$((report + 10))
-      found=$(grep -cE '^(Collecting|Processing)' .venv/pip.log || true)
-      if grep -q '^Installing collected' .venv/pip.log; then
-        installed=$(find .venv/lib -maxdepth 3 -name '*.dist-info' | wc -l)
-        echo "  ... $((SECONDS - started)) s: installing, $installed of about $found packages in place"
-      else
-        echo "  ... $((SECONDS - started)) s: resolving, $found packages found"
-      fi
+      scripts/pip-progress.sh .venv/pip.log "$step_marker" .venv/lib $((SECONDS - started))
     fi
   done
   if ! wait "$pip_pid"; then

@@ -16,4 +16,6 @@ class SkeletonsConfig(AppConfig):
         post_migrate.connect(receivers.grant_roles, sender=self, dispatch_uid="skeletons-roles")
         change_submitted.connect(receivers.uses_ride_on_change,
                                  dispatch_uid="skeletons-change-submitted")
+        change_submitted.connect(receivers.uses_from_knobs,
+                                 dispatch_uid="skeletons-change-submitted-knobs")
         change_decided.connect(receivers.outcome_later, dispatch_uid="skeletons-change-decided")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Iterable, Mapping
 from statistics import median
 from typing import Any
@@ -53,6 +54,62 @@ def skeleton_outcome_record(*, change_id: int) -> list[int]:
             and _from_an_agent(change):
         skeleton_propose(change=change, gain=gain)
     return decided
+
+
+def skeleton_uses_from_knobs(*, change_id: int) -> list[int]:
+    """The uses a submitted change records by the knobs it sets: a knob whose manifest entry
+    names a skeleton (infraops.toml, [[knob]] skeleton = "<slug>") applies that technique,
+    whoever turned it. The built-in tuner never calls skeleton_apply, so the showcase's three
+    merged changes, each setting such a knob, left their skeletons "not applied yet". Returns
+    the ids of the uses made; one open use per skeleton and run, as skeleton_apply keeps."""
+    change = Change.objects.select_related("target").filter(pk=change_id).first()
+    manifest = change.target.manifest() if change is not None else None
+    if change is None or manifest is None:
+        return []
+    added = added_lines(change.diff)
+    made = []
+    for knob in manifest.knobs:
+        skeleton = Skeleton.objects.filter(slug=knob.skeleton).first() if knob.skeleton else None
+        pattern = re.compile(knob.pattern, re.MULTILINE)
+        if skeleton is None or not any(pattern.search(line) for line in added.get(knob.file, ())):
+            continue
+        for run_id in change.runs.values_list("pk", flat=True):
+            use, created = SkeletonUse.objects.get_or_create(
+                skeleton=skeleton, run_id=run_id, outcome=SkeletonUse.Outcome.APPLIED,
+                defaults={"change": change,
+                          "note": f"change {change.pk} sets the knob {knob.name} in {knob.file}, "
+                                  "which applies this skeleton (its manifest entry says so)"})
+            if created:
+                made.append(use.pk)
+    return made
+
+
+def added_lines(diff: str) -> dict[str, list[str]]:
+    """A unified diff's added lines, by the path they were added to ("+++ b/<path>"). Inside
+    a hunk its line counts decide what a line is, so an added or removed line whose text
+    begins with "++ " or "-- " is never read as a file's header."""
+    found: dict[str, list[str]] = {}
+    path: str | None = None
+    old = new = 0  # the current hunk's lines still to come, on each side
+    for line in diff.splitlines():
+        if old > 0 or new > 0:
+            if line.startswith("+"):
+                new -= 1
+                if path is not None:
+                    found.setdefault(path, []).append(line[1:])
+            elif line.startswith("-"):
+                old -= 1
+            elif not line.startswith("\\"):  # not "\ No newline at end of file"
+                old, new = old - 1, new - 1
+        elif line.startswith("+++ "):
+            name = line[4:].split("\t")[0].strip()
+            path = None if name == "/dev/null" else name.removeprefix("b/")
+        elif hunk := _HUNK.match(line):
+            old, new = (int(count) if count is not None else 1 for count in hunk.groups())
+    return found
+
+
+_HUNK = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 
 def change_gain(change: Change) -> float | None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from infraops.roles import ENGINEER, roles_grant
 from skeletons.models import SkeletonUse
+from skeletons.outcomes import skeleton_uses_from_knobs
 
 GRANTS: dict[str, list[tuple[str, str, tuple[str, ...]]]] = {
     ENGINEER: [("skeletons", "skeleton", ("add", "change", "view"))]}
@@ -21,6 +22,11 @@ def uses_ride_on_change(*, change_id: int, **kwargs: Any) -> None:
     outcome (skeletons/outcomes.py)."""
     SkeletonUse.objects.filter(run__changes=change_id, outcome=SkeletonUse.Outcome.APPLIED
                                ).update(change=change_id)
+
+
+def uses_from_knobs(*, change_id: int, **kwargs: Any) -> None:
+    """A change that sets a knob tied to a skeleton applies it (skeleton_uses_from_knobs)."""
+    skeleton_uses_from_knobs(change_id=change_id)
 
 
 def outcome_later(*, change_id: int, **kwargs: Any) -> None:

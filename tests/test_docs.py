@@ -212,3 +212,33 @@ def test_the_path_finder_reads_the_docs_the_way_they_are_written() -> None:
     ]
     assert heading_anchors("# The feedback contract\n## Case 1: numerics (`x`)\n") == {
         "the-feedback-contract", "case-1-numerics-x"}
+
+
+NUMBER_WORDS = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+
+def test_the_readme_counts_the_demo_goals_and_says_which_need_more_than_a_cpu() -> None:
+    """It promised three demo goals; the dashboard showed six, two of which (the LLM agent's,
+    the GPU's) cannot run without an LLM endpoint or a GPU worker."""
+    import tomllib
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    demo = tomllib.loads((ROOT / "examples" / "demo-kernels.goals.toml").read_text())["goal"]
+    tiny = tomllib.loads((ROOT / "examples" / "tiny-serving.goals.toml").read_text())["goal"]
+
+    assert f"The demo has {NUMBER_WORDS[len(demo)]} goals" in readme
+    assert f"the dashboard lists {NUMBER_WORDS[len(demo) + len(tiny)]}" in readme
+    assert sum(goal["policy"] == "tuner" and not goal["probe"].startswith("gpu-")
+               for goal in demo) == 3
+    assert "one per problem for the built-in tuner, which run on any machine" in readme
+    assert "for the LLM agent, which needs an LLM endpoint" in readme
+    assert "which needs a GPU worker" in readme
+    assert "needs an LLM endpoint: none here" in readme
+
+
+def test_the_readme_names_the_fix_the_tuners_numerics_run_submits() -> None:
+    """It said tf32x3; the tuner keeps the precision that measured best, ieee
+    (tests/agents/test_showcase.py holds that)."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+
+    assert 'each run submits its case\'s fix (`INPUT_PRECISION = "ieee"`' in readme

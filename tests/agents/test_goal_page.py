@@ -3,6 +3,7 @@ with intervals), each goal version's changes in words, its runs and merged chang
 
 from __future__ import annotations
 
+import html
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +13,8 @@ from django.test import Client
 from django.utils import timezone
 
 from agents.goals import evolution
-from infraops.models import Experiment, Goal
+from agents.models import AgentRun
+from infraops.models import Experiment, Goal, Target
 from infraops.services.goals import goal_snapshot, spec_changes
 from reviews.models import Change
 from tests.factories import AgentRunFactory, ChangeFactory, ExperimentFactory
@@ -114,3 +116,89 @@ def test_an_experiment_page_links_its_runs_and_the_change_it_is_the_evidence_of(
 
     assert f'Asked by <a href="/runs/{run.pk}/">run {run.pk}</a>.' in page
     assert f'The evidence of <a href="/reviews/changes/{change.pk}/">change {change.pk}</a>' in page
+
+
+def test_an_engineer_starts_a_run_from_the_goal_page(client: Client, engineer: User,
+                                                     example_goal: Goal) -> None:
+    """A newcomer reading a goal's progress had to go back to the target page to start a run."""
+    client.force_login(engineer)
+
+    page = client.get(f"/goals/{example_goal.pk}/").content.decode()
+
+    assert f'action="/goals/{example_goal.pk}/runs/"' in page
+    assert ">Start a run</button>" in page
+
+
+def test_the_goal_page_says_when_a_run_is_active_and_hides_the_start_from_viewers(
+        client: Client, engineer: User, viewer: User, example_goal: Goal) -> None:
+    run = AgentRunFactory.create(goal=example_goal, started_by=engineer)
+    client.force_login(engineer)
+
+    page = client.get(f"/goals/{example_goal.pk}/").content.decode()
+
+    assert ">Start another run</button>" in page and f"Run {run.pk}</a> is running" in page
+    client.force_login(viewer)
+    page = client.get(f"/goals/{example_goal.pk}/").content.decode()
+    assert f"/goals/{example_goal.pk}/runs/" not in page
+
+
+def test_the_dashboard_marks_the_goals_that_cannot_run_here(
+        client: Client, engineer: User, demo: Target, settings: Any) -> None:
+    """The demo's LLM and GPU goals looked like the three that run anywhere."""
+    settings.OPENAI_BASE_URL = ""
+    client.force_login(engineer)
+
+    rows = dashboard_goal_rows(client)
+
+    assert {name for name, row in rows.items() if "cannot-run" in row} == {
+        "Numerics, by the LLM agent: the parallel merge matches the sequential path",
+        "Numerics on the GPU: the Triton merge stays close to float64"}
+    assert "needs an LLM endpoint: none here" in rows[
+        "Numerics, by the LLM agent: the parallel merge matches the sequential path"]
+    assert "needs a worker with gpu: none here" in rows[
+        "Numerics on the GPU: the Triton merge stays close to float64"]
+    assert not any("needs " in row for name, row in rows.items() if "GPU" not in name
+                   and "LLM" not in name)
+
+
+def test_a_goal_whose_need_is_met_is_marked_but_not_greyed(
+        client: Client, engineer: User, demo: Target, settings: Any) -> None:
+    settings.OPENAI_BASE_URL = "http://127.0.0.1:9/v1"
+    client.force_login(engineer)
+
+    row = dashboard_goal_rows(client)[
+        "Numerics, by the LLM agent: the parallel merge matches the sequential path"]
+
+    assert "cannot-run" not in row and "needs an LLM endpoint</span>" in row
+
+
+def dashboard_goal_rows(client: Client) -> dict[str, str]:
+    """The dashboard's goals table, row by row, by the goal's name."""
+    page = client.get("/").content.decode()
+    table = page[page.index('id="dashboard-goals"'):page.index("</table>",
+                                                               page.index('id="dashboard-goals"'))]
+    rows = {}
+    for row in table.split("<tr")[2:]:
+        name = row.split("</a>", 1)[0].rsplit(">", 1)[1]
+        rows[html.unescape(name)] = row
+    return rows
+
+
+def test_a_run_a_person_stopped_reads_stopped_in_the_run_lists(
+        client: Client, engineer: User, example_goal: Goal) -> None:
+    """'stop' submits the best so far and ends the run 'succeeded': the dashboard, the target
+    page and the goal page said so, as if it had run to its end."""
+    stopped = AgentRunFactory.create(
+        goal=example_goal, started_by=engineer, status=AgentRun.Status.SUCCEEDED,
+        state={"stop": True, "stopped_by": "erin"}, finished_at=timezone.now(),
+        stop_reason="stopped by erin, best so far submitted: change 4")
+    ended = AgentRunFactory.create(goal=example_goal, started_by=engineer,
+                                   status=AgentRun.Status.SUCCEEDED, finished_at=timezone.now())
+    client.force_login(engineer)
+
+    for path in ("/", f"/targets/{example_goal.target.name}/", f"/goals/{example_goal.pk}/"):
+        page = client.get(path).content.decode()
+        row = page[page.index(f">run {stopped.pk}</a>"):]
+        assert row[:row.index("</tr>")].count('<span class="badge stopped">stopped</span>') == 1
+        row = page[page.index(f">run {ended.pk}</a>"):]
+        assert '<span class="badge succeeded">succeeded</span>' in row[:row.index("</tr>")]

@@ -174,3 +174,55 @@ def test_the_llm_demo_goal_is_measured_by_the_merges_error_not_its_wall_time() -
     assert (goal.probe, goal.metric, goal.direction) == ("cp-error", "max_rel_error", "minimize")
     probe = goal.target.manifest().probe(goal.probe)  # type: ignore[union-attr]
     assert probe is not None and probe.metric(goal.metric).kind == "error"
+
+
+@pytest.mark.usefixtures("fast_password_hashing")
+def test_a_second_prepare_says_only_what_is_new(settings: Any, tmp_path: Path) -> None:
+    """Every start repeated the first start's lines: each example 'ready' with its goals, why
+    the FLA examples and the LLM and GPU goals were left out, the showcase's step."""
+    settings.GPU_WORKER = False
+    settings.OPENAI_BASE_URL = ""
+    first = prepare(settings, tmp_path)
+    assert "Not loading fla-kda and fla-cp" in first and "Started run" in first
+    assert "Not starting 'Numerics, by the LLM agent" in first
+
+    again = prepare(settings, tmp_path)
+
+    assert again.splitlines() == ["Migrating the database…",
+                                  again.splitlines()[1]]  # "…: done in N s", and nothing else
+    assert again.splitlines()[1].startswith("Migrating the database: done in ")
+
+
+@pytest.mark.usefixtures("fast_password_hashing")
+def test_a_later_prepare_starts_and_says_what_it_could_not_before(
+        settings: Any, tmp_path: Path) -> None:
+    """An LLM endpoint given on a later start (standalone --demo-llm) starts the LLM goal's
+    showcase run, and says so."""
+    settings.GPU_WORKER = False
+    settings.OPENAI_BASE_URL = ""
+    prepare(settings, tmp_path)
+    settings.OPENAI_BASE_URL, settings.INFRAOPS_MODEL = "http://127.0.0.1:9/v1", "demo"
+
+    again = prepare(settings, tmp_path)
+
+    assert "Started run" in again and "'Numerics, by the LLM agent" in again
+    assert "Not starting" not in again and "ready, goals" not in again
+
+
+def test_static_files_are_collected_again_only_when_they_changed(
+        settings: Any, tmp_path: Path) -> None:
+    """A warm start collected (hashed and gzipped) every static file again: seconds of it."""
+    static = tmp_path / "own-static"
+    static.mkdir()
+    (static / "page.css").write_text("body { color: red; }\n")
+    settings.STATICFILES_DIRS = [static]
+
+    first = prepare(settings, tmp_path, "--no-example")
+    unchanged = prepare(settings, tmp_path, "--no-example")
+    (static / "page.css").write_text("body { color: blue; }\n")
+    changed = prepare(settings, tmp_path, "--no-example")
+
+    assert "Collecting static files: done" in first
+    assert "Collecting static files" not in unchanged
+    assert "Collecting static files: done" in changed
+    assert "color: blue" in (tmp_path / "static" / "page.css").read_text()

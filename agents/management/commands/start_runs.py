@@ -41,16 +41,15 @@ class Command(BaseCommand):
                                + (f" named {', '.join(options['goal'])}." if options["goal"]
                                   else "."))
         live = live_queues() or set()
+        # At verbosity 0 (a warm start's showcase) a goal left alone is not said again.
+        say_why_not = options["verbosity"] >= 1
         for goal in goals:
             if AgentRun.objects.filter(goal_version__goal=goal).exists():
                 continue
-            if goal.policy == Goal.Policy.LLM and not settings.OPENAI_BASE_URL:
-                self.stdout.write(f"Not starting {goal.name!r}: it needs an LLM endpoint "
-                                  "(OPENAI_BASE_URL, or `standalone --demo-llm`).")
-                continue
-            missing = _missing_worker(goal, live)
-            if missing:
-                self.stdout.write(f"Not starting {goal.name!r}: {missing}.")
+            why_not = _why_not_here(goal, live)
+            if why_not:
+                if say_why_not:
+                    self.stdout.write(f"Not starting {goal.name!r}: {why_not}.")
                 continue
             try:
                 run = run_start(goal=goal, user=user)
@@ -58,6 +57,14 @@ class Command(BaseCommand):
                 self.stderr.write(f"Could not start a run on {goal.name!r}: {exc}")
                 continue
             self.stdout.write(f"Started run {run.pk} on {goal.name!r}.")
+
+
+def _why_not_here(goal: Goal, live: set[str]) -> str | None:
+    """Why the goal cannot run here: no LLM endpoint for an LLM goal, or no worker for its
+    probe's hardware; None when it can."""
+    if goal.policy == Goal.Policy.LLM and not settings.OPENAI_BASE_URL:
+        return "it needs an LLM endpoint (OPENAI_BASE_URL, or `standalone --demo-llm`)"
+    return _missing_worker(goal, live)
 
 
 def _missing_worker(goal: Goal, live: set[str]) -> str | None:

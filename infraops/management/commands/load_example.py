@@ -42,16 +42,20 @@ class Command(BaseCommand):
         source = EXAMPLES / name
         if not (source / "infraops.toml").is_file():
             raise CommandError(f"No example named {name!r} in {EXAMPLES}.")
-        target = self._target(name, source)
-        goals = [self._goal(target, spec) for spec in _goal_specs(name)]
+        target, new_target = self._target(name, source)
+        made = [self._goal(target, spec) for spec in _goal_specs(name)]
+        goals = [goal for goal, _ in made]
         # The first users (standalone makes them before the example) see it in their role.
         joined = target_add_role_holders(target=target)
+        if options["verbosity"] < 1 and not (new_target or joined or any(n for _, n in made)):
+            return  # a warm start's load found everything in place: nothing new to say
         names = ", ".join(user.get_username() for user in joined)
         members = f"; members added: {names}" if joined else ""
         self.stdout.write(f"Example target {target.name} ready, goals: "
                           f"{', '.join(repr(g.name) for g in goals)}{members}.")
 
-    def _target(self, name: str, source: Path) -> Target:
+    def _target(self, name: str, source: Path) -> tuple[Target, bool]:
+        """The example's target, and whether this load registered it."""
         origin = Path(settings.DATA_DIR) / "examples" / f"{name}.git"
         if not origin.exists():
             origin.parent.mkdir(parents=True, exist_ok=True)
@@ -61,18 +65,19 @@ class Command(BaseCommand):
                 raise CommandError(f"Example {name}: {exc}") from None
         target = Target.objects.filter(name=name).first()
         if target is not None:
-            return target
+            return target, False
         try:
             return target_register(name=name, repo_url=str(origin), base_branch="main",
-                                   push_on_merge=True, trusted_roots=[origin.parent])
+                                   push_on_merge=True, trusted_roots=[origin.parent]), True
         except DomainError as exc:
             raise CommandError(str(exc)) from None
 
-    def _goal(self, target: Target, spec: dict[str, Any]) -> Goal:
-        """The goal of that name, made with its boundary and criteria when it is new."""
+    def _goal(self, target: Target, spec: dict[str, Any]) -> tuple[Goal, bool]:
+        """The goal of that name, made with its boundary and criteria when it is new; and
+        whether this load made it."""
         found = Goal.objects.filter(target=target, name=spec["name"]).first()
         if found is not None:
-            return found
+            return found, False
         fields = {k: v for k, v in spec.items() if k not in ("boundary", "criteria")}
         try:
             with transaction.atomic():
@@ -89,7 +94,7 @@ class Command(BaseCommand):
                 goal_snapshot(goal=goal)
         except (ValidationError, TypeError) as exc:
             raise CommandError(f"Goal {spec['name']!r} of {target.name}: {exc}") from None
-        return goal
+        return goal, True
 
 
 def _repository_init(name: str, source: Path, origin: Path) -> None:

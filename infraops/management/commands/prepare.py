@@ -1,10 +1,12 @@
 """manage.py prepare [--no-example] [--no-showcase | --showcase-only TARGET ...]: what
 `standalone` does before it starts its processes, in one process: migrate, collect the static
-files, create the first users on the first start, load the example targets (tiny-serving, and
-demo-kernels with a goal per case of docs/product.md; where a GPU worker will run and
-flash-linear-attention's pinned release is installed, fla-kda and fla-cp) and, on the first
-start, the showcase: a run on each goal of demo-kernels and of the FLA targets that were
-loaded (`start_runs`), queued for the workers that standalone starts next.
+files (only when they changed since the last collection), create the first users on the first
+start, load the example targets (tiny-serving, and demo-kernels with a goal per case of
+docs/product.md; where a GPU worker will run and flash-linear-attention's pinned release is
+installed, fla-kda and fla-cp) and the showcase: a run on each goal of demo-kernels and of the
+FLA targets that were loaded and that can run here (`start_runs`), queued for the workers that
+standalone starts next. The first start says each step and each goal left out; a later one
+says only what it newly did.
 
 One process instead of one per step: Django's start-up is paid once (a warm start of the
 standalone spent most of its time starting Python for each step). The first users are made
@@ -14,11 +16,14 @@ printed output.
 
 from __future__ import annotations
 
+import hashlib
 import time
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.staticfiles import finders
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -31,6 +36,8 @@ EXAMPLES = ("tiny-serving", "demo-kernels")
 # probes need a GPU, so they are loaded only where a GPU worker will run.
 GPU_EXAMPLES = ("fla-kda", "fla-cp")
 SHOWCASE = ("demo-kernels", *GPU_EXAMPLES)
+# In the collected folder: the fingerprint of the static files collected there last.
+STATIC_STAMP = ".infraops-collected"
 
 
 class Command(BaseCommand):
@@ -50,37 +57,61 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         self._step("Migrating the database", call_command, "migrate", interactive=False,
                    verbosity=0)
-        self._step("Collecting static files", call_command, "collectstatic", interactive=False,
-                   verbosity=0)
-        if not get_user_model().objects.filter(is_superuser=True).exists():
+        self._collect_static()
+        # The first start says everything; a later one says only what is new (a run started,
+        # a goal added), not again each line of the first.
+        first = not get_user_model().objects.filter(is_superuser=True).exists()
+        if first:
             self.stdout.write("First start: creating the users (passwords are shown only now).")
             call_command("adduser", "admin", role=["engineer"], admin=True, stdout=self.stdout)
             call_command("adduser", "reviewer", role=["reviewer"], stdout=self.stdout)
         if options["no_example"]:
             return
-        loaded = [*EXAMPLES, *self._gpu_examples()]
+        loaded = [*EXAMPLES, *self._gpu_examples(say_why_not=first)]
         for example in loaded:
-            self._step(f"Loading the example target {example}", call_command, "load_example",
-                       example, stdout=self.stdout)
+            self._say_or_quiet(first, f"Loading the example target {example}", "load_example",
+                               example)
         if options["no_showcase"]:
             return
         for target in options["showcase_only"] or SHOWCASE:
             if target not in loaded:
                 continue  # a line said why when it was not loaded
             if not Goal.objects.filter(target__name=target).exists():
-                self.stdout.write(f"No showcase on {target}: it has no goals "
-                                  f"(examples/{target}.goals.toml).")
+                if first:
+                    self.stdout.write(f"No showcase on {target}: it has no goals "
+                                      f"(examples/{target}.goals.toml).")
                 continue
             # By name, not import: the core does not import the agents app above it.
-            self._step(f"Starting the showcase runs on {target}", call_command,
-                       "start_runs", target, stdout=self.stdout, stderr=self.stderr)
+            self._say_or_quiet(first, f"Starting the showcase runs on {target}", "start_runs",
+                               target)
 
-    def _gpu_examples(self) -> tuple[str, ...]:
+    def _say_or_quiet(self, first: bool, what: str, command: str, *args: str) -> None:
+        """The command as a step with its lines on the first start; later at verbosity 0,
+        where it says only what it newly did (a target or goal added, a run started)."""
+        if first:
+            self._step(what, call_command, command, *args, stdout=self.stdout,
+                       stderr=self.stderr)
+        else:
+            call_command(command, *args, stdout=self.stdout, stderr=self.stderr, verbosity=0)
+
+    def _collect_static(self) -> None:
+        """collectstatic, unless the static files are those it collected last time: hashing
+        and compressing them again was a third of a warm start's preparation."""
+        stamp = Path(settings.STATIC_ROOT) / STATIC_STAMP
+        fingerprint = static_fingerprint()
+        if stamp.is_file() and stamp.read_text() == fingerprint:
+            return
+        self._step("Collecting static files", call_command, "collectstatic", interactive=False,
+                   verbosity=0)
+        stamp.write_text(fingerprint)
+
+    def _gpu_examples(self, *, say_why_not: bool) -> tuple[str, ...]:
         """GPU_EXAMPLES where they can run; otherwise none, and one line says why not."""
         why_not = _why_not_gpu_examples()
         if why_not is None:
             return GPU_EXAMPLES
-        self.stdout.write(f"Not loading {' and '.join(GPU_EXAMPLES)}: {why_not}.")
+        if say_why_not:
+            self.stdout.write(f"Not loading {' and '.join(GPU_EXAMPLES)}: {why_not}.")
         return ()
 
     def _step(self, what: str, run: Any, *args: Any, **kwargs: Any) -> None:
@@ -88,6 +119,18 @@ class Command(BaseCommand):
         self.stdout.write(f"{what}…")
         run(*args, **kwargs)
         self.stdout.write(f"{what}: done in {time.monotonic() - started:.1f} s")
+
+
+def static_fingerprint() -> str:
+    """What collectstatic would collect, as a hash of every found file's path, size and
+    modification time (and the storage that names them): a changed, added or removed file, or
+    a Django upgrade's admin files, changes it."""
+    digest = hashlib.sha256(settings.STORAGES["staticfiles"]["BACKEND"].encode())
+    for finder in finders.get_finders():
+        for path, storage in finder.list([]):
+            found = Path(storage.path(path)).stat()
+            digest.update(f"{path}\0{found.st_size}\0{found.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 def _why_not_gpu_examples() -> str | None:
