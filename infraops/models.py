@@ -408,6 +408,11 @@ class Experiment(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     failure_reason = models.TextField(blank=True)
+    lost = models.BooleanField(
+        default=False,
+        help_text="Failed for the infrastructure's reasons, not the candidate's (attempts ran "
+                  "out without a result, no sandbox, an unexpected error such as a database "
+                  "that kept failing): no evidence either way, which a run must not choose on.")
     summary = models.JSONField(default=dict, blank=True)
     criteria = models.JSONField(default=list, blank=True,
                                 help_text="Acceptance criteria (specs) this experiment checks.")

@@ -57,3 +57,25 @@ def cutting(function: Callable[..., T], times: int, *, after: bool = False
         return result
 
     return cut, cuts
+
+
+class Terminator(threading.Thread):
+    """From a connection of its own: terminate every other backend of the test database
+    `times` times, `every` seconds apart, from its start until `stop` is set."""
+
+    def __init__(self, *, times: int, every: float) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.times, self.every = dsn(), times, every
+        self.stop, self.done = threading.Event(), 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as own:
+                while self.done < self.times and not self.stop.wait(self.every):
+                    own.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                                "datname = current_database() AND pid <> pg_backend_pid()")
+                    self.done += 1
+        except BaseException as exc:
+            self.error = exc
+            raise
