@@ -5,7 +5,7 @@ ends as an undisturbed run ends, with nothing lost and nothing doubled."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from django.contrib.auth.models import User
@@ -14,9 +14,11 @@ from django.db.models import Count
 
 from agents import services
 from agents.models import AgentRun, RunEvent, Step
+from agents.scripted.endpoint import OpenAIStub, completion
 from infraops.dbretry import retried
 from infraops.experiments import services as experiments
 from infraops.models import Experiment, Goal
+from tests.agents.test_llm_runs import call
 from tests.dbfaults import Terminator, cutting
 
 pytestmark = [pytest.mark.django_db(transaction=True),
@@ -98,3 +100,26 @@ def test_a_tuner_run_survives_its_connections_being_terminated_again_and_again(
         n=Count("id"))
     assert all(row["n"] == 1 for row in announced)
     assert run.changes.count() == (1 if run.status == AgentRun.Status.SUCCEEDED else 0)
+
+
+def test_a_model_reply_whose_step_lost_its_connection_counts_its_tokens_once(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The step is taken again with a new reply (the tools may have run already: the model
+    reads the worktree anew rather than have its calls replayed); the lost reply still cost
+    its tokens, counted once."""
+    monkeypatch.setattr(services, "_enqueue_step", lambda run, countdown=None: None)
+    record, cuts = cutting(services._record, 1)
+    monkeypatch.setattr(services, "_record", record)
+    for _ in range(2):
+        stub.push(completion(tool_calls=[call("list_files", glob="*")], usage=(700, 30)))
+    run = services.run_start(goal=llm_goal(), user=engineer)
+
+    services.run_step(run_id=run.pk, number=0)
+
+    run.refresh_from_db()
+    assert cuts == [1] and not stub.remaining
+    assert run.step_count == 1 and run.tokens_used == 2 * 730
+    assert run.events.filter(message__startswith="The database connection dropped while step "
+                                                  "1 was recorded").count() == 1
