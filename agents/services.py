@@ -32,7 +32,7 @@ from infraops.access import has_target_role, target_roles
 from infraops.dbretry import TRANSIENT, retried
 from infraops.errors import DomainError
 from infraops.live import notify
-from infraops.models import Experiment, Goal
+from infraops.models import Experiment, Goal, Target
 from infraops.roles import ENGINEER, REVIEWER
 from infraops.services.audit import audit_record
 from infraops.services.goals import goal_snapshot
@@ -64,6 +64,7 @@ def run_start(*, goal: Goal, user: User) -> AgentRun:
             settings.OPENAI_BASE_URL and (goal.model_name or settings.INFRAOPS_MODEL)):
         raise DomainError("The LLM policy needs OPENAI_BASE_URL and a model (INFRAOPS_MODEL, "
                           "or the goal's model): set them, or choose the built-in tuner.")
+    _require_fetched(goal.target)
     target = target_refresh_manifest(target=goal.target)
     manifest = target.manifest()
     if manifest is None:
@@ -97,6 +98,17 @@ def run_start(*, goal: Goal, user: User) -> AgentRun:
         raise DomainError(f"{QUEUE_DOWN} when run {run.pk} was created: it is paused; "
                           "resume it once Redis is back.") from None
     return run
+
+
+def _require_fetched(target: Target) -> None:
+    """A run starts from a fetched repository; the git work is a worker's, never this
+    request's (issue 28)."""
+    if target.fetch_status == Target.Fetch.FETCHING:
+        raise DomainError(f"{target.name}'s repository is still being fetched by a worker: "
+                          "a run can start once it is ready (its page says so).")
+    if target.fetch_status == Target.Fetch.FAILED:
+        raise DomainError(f"{target.name}'s repository could not be fetched: "
+                          f"{target.fetch_error} Fix the target (or refresh it) first.")
 
 
 QUEUE_DOWN = "The task queue (Redis) is not answering"

@@ -24,6 +24,13 @@ def _lines(text: str) -> list[str]:
 class Target(models.Model):
     """A git repository under optimisation. InfraOps works in its own bare clone of it."""
 
+    class Fetch(models.TextChoices):
+        """Where the repository stands: being fetched by a worker, ready, or failed."""
+
+        FETCHING = "fetching", "being fetched"
+        READY = "ready", "ready"
+        FAILED = "failed", "fetch failed"
+
     name = models.SlugField(max_length=80, unique=True)
     repo_url = models.CharField(
         "repository", max_length=500, help_text="A git URL or a path on the workers' machines."
@@ -42,6 +49,11 @@ class Target(models.Model):
     manifest_sha256 = models.CharField(max_length=64, blank=True)
     manifest_errors = models.JSONField(default=list, blank=True)
     refreshed_at = models.DateTimeField(null=True, blank=True)
+    # The repository's git work (checking the URL's branch, cloning, fetching) runs in a
+    # worker task with a deadline, never in a form's request (issue 28): where it stands.
+    fetch_status = models.CharField(max_length=10, choices=Fetch.choices, default=Fetch.READY)
+    fetch_error = models.TextField(blank=True, help_text="Why the last fetch failed.")
+    fetch_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]
