@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -29,10 +30,11 @@ from agents.policies.registry import POLICIES
 from agents.policies.shared import out_of_budget, remove_worktree
 from infraops import gitops
 from infraops.access import has_target_role, target_roles
+from infraops.dbretry import TRANSIENT, retried
 from infraops.diskspace import disk_full_reason, says_disk_full
 from infraops.errors import DomainError
 from infraops.live import notify
-from infraops.models import Experiment, Goal
+from infraops.models import Experiment, Goal, Target
 from infraops.roles import ENGINEER, REVIEWER
 from infraops.services.audit import audit_record
 from infraops.services.goals import goal_snapshot
@@ -66,6 +68,7 @@ def run_start(*, goal: Goal, user: User, follow_up: FollowUp | None = None) -> A
             settings.OPENAI_BASE_URL and (goal.model_name or settings.INFRAOPS_MODEL)):
         raise DomainError("The LLM policy needs OPENAI_BASE_URL and a model (INFRAOPS_MODEL, "
                           "or the goal's model): set them, or choose the built-in tuner.")
+    _require_fetched(goal.target)
     target = target_refresh_manifest(target=goal.target)
     manifest = target.manifest()
     if manifest is None:
@@ -106,6 +109,17 @@ def run_start(*, goal: Goal, user: User, follow_up: FollowUp | None = None) -> A
     return run
 
 
+def _require_fetched(target: Target) -> None:
+    """A run starts from a fetched repository; the git work is a worker's, never this
+    request's (issue 28)."""
+    if target.fetch_status == Target.Fetch.FETCHING:
+        raise DomainError(f"{target.name}'s repository is still being fetched by a worker: "
+                          "a run can start once it is ready (its page says so).")
+    if target.fetch_status == Target.Fetch.FAILED:
+        raise DomainError(f"{target.name}'s repository could not be fetched: "
+                          f"{target.fetch_error} Fix the target (or refresh it) first.")
+
+
 QUEUE_DOWN = "The task queue (Redis) is not answering"
 
 
@@ -134,7 +148,17 @@ def run_step(*, run_id: int, number: int) -> AgentRun | None:
 
     A thought that arrives after the run was paused, cancelled or stepped meanwhile is not
     acted on, but what it cost (a model's tokens) still counts against the budget.
+
+    A dropped database connection takes the step again from its start on a new connection
+    (infraops.dbretry): each of its transactions rolls back whole, a step number already
+    taken is skipped, and a thought whose act was lost with the connection still counts its
+    cost. The policy thinks again on what the run holds then (the LLM's edits stay in the
+    worktree it reads), rather than replaying tool calls that may have run already.
     """
+    return retried(partial(_step, run_id, number), what=f"run {run_id} step {number + 1}")
+
+
+def _step(run_id: int, number: int) -> AgentRun | None:
     with transaction.atomic():
         run = _locked_for_step(run_id, number)
         if run is None or run.is_finished or run.status == AgentRun.Status.PAUSED:
@@ -145,17 +169,22 @@ def run_step(*, run_id: int, number: int) -> AgentRun | None:
             _fail_unless_disk_full(run, exc)
             return run
     thought = prepared.think()
-    with transaction.atomic():
-        run = _locked_for_step(run_id, number, checks=False)
-        if run is None or run.status != AgentRun.Status.RUNNING:
-            _count_dropped(run_id, thought.spent())
-            return run
-        try:
-            outcome = thought.act(run)
-        except (DomainError, gitops.GitError) as exc:
-            _fail_unless_disk_full(run, exc)
-            return run
-        _record(run, outcome)
+    try:
+        with transaction.atomic():
+            run = _locked_for_step(run_id, number, checks=False)
+            if run is None or run.status != AgentRun.Status.RUNNING:
+                _count_dropped(run_id, thought.spent(), LATE_THOUGHT)
+                return run
+            try:
+                outcome = thought.act(run)
+            except (DomainError, gitops.GitError) as exc:
+                _fail_unless_disk_full(run, exc)
+                return run
+            _record(run, outcome)
+    except TRANSIENT:
+        retried(partial(_count_dropped, run_id, thought.spent(), LOST_THOUGHT, number=number),
+                what=f"run {run_id} step {number + 1} cost")
+        raise
     return run
 
 
@@ -170,15 +199,27 @@ def _fail_unless_disk_full(run: AgentRun, error: DomainError | gitops.GitError) 
         _finish(run, AgentRun.Status.FAILED, str(error))
 
 
-def _count_dropped(run_id: int, cost: tuple[int, Decimal]) -> None:
+LATE_THOUGHT = ("The model's reply arrived after the run was paused or stopped: it was not "
+                "acted on, and its {tokens} tokens count against the budget.")
+LOST_THOUGHT = ("The database connection dropped while step {step} was recorded: the step is "
+                "taken again, and the {tokens} tokens of the reply it lost count against the "
+                "budget.")
+
+
+def _count_dropped(run_id: int, cost: tuple[int, Decimal], message: str, *,
+                   number: int | None = None) -> None:
+    """Count a thought that was not acted on; with `number`, only while that step is still
+    due (its act did not commit after all)."""
     tokens, usd = cost
     if not tokens and not usd:
         return
-    AgentRun.objects.filter(pk=run_id).update(tokens_used=F("tokens_used") + tokens,
-                                              cost_usd=F("cost_usd") + usd)
-    run_event(run_id=run_id, kind="status",
-              message=f"The model's reply arrived after the run was paused or stopped: it was "
-                      f"not acted on, and its {tokens} tokens count against the budget.")
+    runs = AgentRun.objects.filter(pk=run_id)
+    if number is not None:
+        runs = runs.filter(step_count=number)
+    with transaction.atomic():
+        if runs.update(tokens_used=F("tokens_used") + tokens, cost_usd=F("cost_usd") + usd):
+            run_event(run_id=run_id, kind="status",
+                      message=message.format(tokens=tokens, step=(number or 0) + 1))
 
 
 def _locked_for_step(run_id: int, number: int, *, checks: bool = True) -> AgentRun | None:
@@ -324,7 +365,12 @@ def _transition(run: AgentRun, user: User, old: str, new: str,
 def run_wake(*, experiment_id: int) -> None:
     """An experiment finished: the runs waiting for it take their next step (a paused run
     takes it when resumed). One that failed because a worker's disk was full pauses them
-    instead, with its reason: the run's next trials would meet the same full disk."""
+    instead, with its reason: the run's next trials would meet the same full disk. Safe twice: a
+    run woken waits for nothing any more."""
+    retried(partial(_wake, experiment_id), what=f"runs waiting for experiment {experiment_id}")
+
+
+def _wake(experiment_id: int) -> None:
     with transaction.atomic():
         for run in AgentRun.objects.select_for_update().filter(
             status__in=[AgentRun.Status.RUNNING, AgentRun.Status.PAUSED],
@@ -345,6 +391,18 @@ def run_wake(*, experiment_id: int) -> None:
                             "then resume the run.")
             else:
                 _enqueue_step(run)
+
+
+def _wake_missed() -> list[int]:
+    """Wake runs still waiting for an experiment that finished: its wake was lost (the
+    database dropped the connection that sent it, say). Returns the running ones woken."""
+    waiting = list(AgentRun.objects.active().filter(
+        waiting_for__status__in=[Experiment.Status.SUCCEEDED, Experiment.Status.FAILED,
+                                 Experiment.Status.CANCELLED],
+    ).values_list("pk", "waiting_for_id", "status"))
+    for experiment_id in {experiment for _, experiment, _ in waiting}:
+        run_wake(experiment_id=experiment_id)
+    return [pk for pk, _, status in waiting if status == AgentRun.Status.RUNNING]
 
 
 # --- human steering ------------------------------------------------------------------------
@@ -484,11 +542,15 @@ def run_pause_for_error(*, run_id: int, error: BaseException) -> None:
     """Pause a run whose step raised something unexpected, with the reason on its page (a full
     disk said as such)."""
     reason = disk_full_reason(error) or f"a step failed: {type(error).__name__}: {str(error)[:300]}"
-    with transaction.atomic():
-        run = AgentRun.objects.select_for_update().filter(
-            pk=run_id, status=AgentRun.Status.RUNNING).first()
-        if run is not None:
-            _pause(run, reason)
+
+    def pause() -> None:
+        with transaction.atomic():
+            run = AgentRun.objects.select_for_update().filter(
+                pk=run_id, status=AgentRun.Status.RUNNING).first()
+            if run is not None:
+                _pause(run, reason)
+
+    retried(pause, what=f"run {run_id} pause")
 
 
 def runs_reap() -> list[int]:
@@ -520,6 +582,7 @@ def runs_reap() -> list[int]:
                 _enqueue_step(run)
                 requeued.append(run.pk)
         tasks.forget_step(pk, record)
+    requeued += _wake_missed()
     quiet_since = timezone.now() - STALLED_AFTER
     stalled = list(AgentRun.objects.filter(status=AgentRun.Status.RUNNING)
                    .exclude(events__created_at__gte=quiet_since)

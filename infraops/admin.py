@@ -51,7 +51,7 @@ from infraops.roles import ENGINEER
 from infraops.services.admin_audit import audit_form_save, formset_save_audited, record_values
 from infraops.services.audit import audit_record
 from infraops.services.goals import goal_snapshot, metric_problem, spec_changes
-from infraops.services.targets import repo_check, target_clone, target_refresh_manifest
+from infraops.services.targets import repo_url_allowed, target_fetch_request
 
 # The admin is the product's editor: its name, and a way back to the dashboard.
 admin.site.site_header = "InfraOps · admin editor"
@@ -148,16 +148,15 @@ class TargetForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        # repo_check hands both to `git ls-remote` without a "--": a leading "-" would be
-        # read as an option (--upload-pack=... runs a command).
+        # The worker's repo_check hands both to `git ls-remote`: a leading "-" would be read
+        # as an option (--upload-pack=... runs a command).
         for name in ("repo_url", "base_branch"):
             if (data.get(name) or "").startswith("-"):
                 self.add_error(name, "This cannot begin with '-'.")
-        url, branch = data.get("repo_url"), data.get("base_branch")
-        changed = {"repo_url", "base_branch"} & set(self.changed_data)
-        if url and branch and changed:
+        url = data.get("repo_url")
+        if url and "repo_url" in self.changed_data:
             try:
-                repo_check(url=url, branch=branch)
+                repo_url_allowed(url=url)  # the policy only: git runs in a worker
             except DomainError as exc:
                 raise forms.ValidationError(str(exc)) from None
         return data
@@ -235,8 +234,10 @@ class TargetAdmin(HistoryKeptAdmin):
     audit_noun = "target"
     target_path = ""
     inlines = [MembershipInline]
-    list_display = ["name", "repo_url", "base_branch", "manifest_state", "refreshed_at"]
-    readonly_fields = ["manifest_commit", "manifest_sha256", "manifest_problems", "refreshed_at"]
+    list_display = ["name", "repo_url", "base_branch", "fetch_state", "manifest_state",
+                    "refreshed_at"]
+    readonly_fields = ["fetch_state", "manifest_commit", "manifest_sha256", "manifest_problems",
+                       "refreshed_at"]
     actions = ["refresh_manifest"]
 
     @admin.display(description="manifest")
@@ -244,6 +245,12 @@ class TargetAdmin(HistoryKeptAdmin):
         if target.manifest_errors:
             return f"{len(target.manifest_errors)} problem(s)"
         return "valid" if target.manifest_text else "not read"
+
+    @admin.display(description="repository")
+    def fetch_state(self, target: Target) -> str:
+        if target.fetch_status == Target.Fetch.FAILED:
+            return f"fetch failed: {target.fetch_error}"
+        return target.get_fetch_status_display()
 
     @admin.display(description="manifest problems")
     def manifest_problems(self, target: Target) -> str:
@@ -269,28 +276,24 @@ class TargetAdmin(HistoryKeptAdmin):
         if not change and isinstance(user, User) and not user.is_superuser:
             # Its engineer sees what they made; an admin adds anyone else.
             membership_grant(target=obj, user=user, role=ENGINEER, by=user)
-        try:
-            if not change or {"repo_url"} & set(form.changed_data):
-                target_clone(target=obj)
-        except DomainError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
-            return
-        self._refresh(request, obj)
+        changed = set(form.changed_data)
+        new_url = not change or "repo_url" in changed
+        if new_url or "base_branch" in changed:
+            self._fetch(request, obj, check=True, reclone=new_url)
 
     @admin.action(description="Re-read infraops.toml from the base branch")
     def refresh_manifest(self, request: HttpRequest, queryset: QuerySet[Target]) -> None:
         for target in queryset:
-            self._refresh(request, target)
+            self._fetch(request, target, check=False, reclone=False)
 
-    def _refresh(self, request: HttpRequest, target: Target) -> None:
-        try:
-            target_refresh_manifest(target=target)
-        except DomainError as exc:
-            self.message_user(request, str(exc), messages.ERROR)
-            return
-        if target.manifest_errors:
-            self.message_user(request, f"{target.name}: infraops.toml has problems: "
-                              + "; ".join(target.manifest_errors), messages.WARNING)
+    def _fetch(self, request: HttpRequest, target: Target, *, check: bool,
+               reclone: bool) -> None:
+        """Hand the git work to a worker (issue 28: never in the request); its page says
+        when the repository is ready, or why the fetch failed."""
+        target_fetch_request(target=target, check=check, reclone=reclone)
+        self.message_user(request, f"{target.name}: {target.repo_url} is being fetched by a "
+                          "worker; the target's page says when it is ready, or why it failed.",
+                          messages.INFO)
 
 
 class BoundaryForm(forms.ModelForm):  # type: ignore[type-arg]

@@ -33,17 +33,19 @@ RETRY_FIRST_WAIT = 0.1
 T = TypeVar("T")
 
 
-def retried(work: Callable[[], T], *, what: str) -> T:
-    """`work()`, run again on a new connection after a transient database error."""
-    for attempt in range(1, RETRY_TRIES + 1):
+def retried(work: Callable[[], T], *, what: str, tries: int = RETRY_TRIES) -> T:
+    """`work()`, run again on a new connection after a transient database error. A web
+    request passes fewer `tries`: it must answer within seconds, and hands what is left to a
+    worker."""
+    for attempt in range(1, tries + 1):
         try:
             return work()
         except TRANSIENT as exc:
-            if connection.in_atomic_block or attempt == RETRY_TRIES:
+            if connection.in_atomic_block or attempt == tries:
                 raise
             log.warning("%s: database error (%s: %s); reconnecting, try %d of %d", what,
                         type(exc).__name__, " ".join(str(exc).split())[:200], attempt + 1,
-                        RETRY_TRIES)
+                        tries)
             with contextlib.suppress(*TRANSIENT):
                 connection.close()  # dead: the next query opens a new one
             time.sleep(RETRY_FIRST_WAIT * 2 ** (attempt - 1))

@@ -45,6 +45,13 @@ def repo_label(url: str) -> str:
 class Target(models.Model):
     """A git repository under optimisation. InfraOps works in its own bare clone of it."""
 
+    class Fetch(models.TextChoices):
+        """Where the repository stands: being fetched by a worker, ready, or failed."""
+
+        FETCHING = "fetching", "being fetched"
+        READY = "ready", "ready"
+        FAILED = "failed", "fetch failed"
+
     name = models.SlugField(max_length=80, unique=True)
     repo_url = models.CharField(
         "repository", max_length=500, help_text="A git URL or a path on the workers' machines."
@@ -63,6 +70,11 @@ class Target(models.Model):
     manifest_sha256 = models.CharField(max_length=64, blank=True)
     manifest_errors = models.JSONField(default=list, blank=True)
     refreshed_at = models.DateTimeField(null=True, blank=True)
+    # The repository's git work (checking the URL's branch, cloning, fetching) runs in a
+    # worker task with a deadline, never in a form's request (issue 28): where it stands.
+    fetch_status = models.CharField(max_length=10, choices=Fetch.choices, default=Fetch.READY)
+    fetch_error = models.TextField(blank=True, help_text="Why the last fetch failed.")
+    fetch_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -462,6 +474,11 @@ class Experiment(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     failure_reason = models.TextField(blank=True)
+    lost = models.BooleanField(
+        default=False,
+        help_text="Failed for the infrastructure's reasons, not the candidate's (attempts ran "
+                  "out without a result, no sandbox, an unexpected error such as a database "
+                  "that kept failing): no evidence either way, which a run must not choose on.")
     summary = models.JSONField(default=dict, blank=True)
     criteria = models.JSONField(default=list, blank=True,
                                 help_text="Acceptance criteria (specs) this experiment checks.")

@@ -202,6 +202,9 @@ def experiment_text(experiment: Experiment) -> str:
     output is in it: callers wrap it with untrusted()."""
     text = str(experiment.feedback.get("agent_text", ""))
     reason = experiment.failure_reason
+    if experiment.lost:  # not the candidate's doing: say so, or the model blames its edit
+        reason = (f"lost to infrastructure, no evidence either way (run the experiment "
+                  f"again): {reason}")
     if reason and reason not in text:
         text = f"Failure: {reason}\n{text}" if text else f"Failure: {reason}"
     return text

@@ -32,6 +32,7 @@ from agents.policies.shared import (
     Refusal,
     boundary,
     commit_worktree,
+    experiment_budget_left,
     fresh_worktree,
     pinned_manifest,
     request_experiment,
@@ -157,6 +158,9 @@ def act(run: AgentRun, prepared: None, thought: None) -> StepOutcome:
     pending = next((t for t in trials if t.get("objective") is None and not t.get("failed")), None)
     if pending is not None:
         return _read(run, pending, spec)
+    again = next((t for t in trials if _measurable_again(run, t)), None)
+    if again is not None:
+        return _measure_again(run, again, spec)
     if not run.state.get("stop") and _more_to_try(run, knobs, trials, spec):
         return _try(run, knobs, trials, spec)
     return _submit(run, trials, spec)
@@ -327,6 +331,15 @@ def _read(run: AgentRun, trial: dict[str, Any], spec: dict[str, Any]) -> StepOut
         text = f"Still waiting for experiment {experiment.pk}."
         return StepOutcome(text, "wait", record=arguments, experiment=experiment.pk,
                            wait_for=experiment.pk, verdict="waiting")
+    if experiment.lost:
+        trial["failed"] = True
+        trial.setdefault("lost", []).append(experiment.pk)
+        text = (f"Experiment {experiment.pk} was lost to infrastructure, no evidence either way: "
+                f"{experiment.failure_reason}")
+        return StepOutcome(text, "read_feedback",
+                           _call("read_feedback", arguments, False, text),
+                           record=arguments, result={"lost": experiment.failure_reason},
+                           verdict="lost to infrastructure", experiment=experiment.pk)
     if experiment.status != Experiment.Status.SUCCEEDED:
         trial["failed"] = True
         text = f"Experiment {experiment.pk} {experiment.status}: {experiment.failure_reason}"
@@ -350,7 +363,65 @@ def _read(run: AgentRun, trial: dict[str, Any], spec: dict[str, Any]) -> StepOut
                        experiment=experiment.pk)
 
 
+# --- evidence lost to infrastructure -----------------------------------------------------------
+# Issue 28: a run lost five of six experiments to a dropped database connection and still
+# submitted a change picked from the one measurement left. A configuration whose experiment was
+# lost (Experiment.lost) is measured again, once per start or resume of the run; while any
+# stays lost, the tuner does not choose (nor say that nothing beat the base): it pauses and
+# says how many were lost.
+
+def _lost(trial: dict[str, Any]) -> bool:
+    """The trial's last experiment was lost and nothing measured it since."""
+    return bool(trial.get("lost")) and trial.get("objective") is None and bool(
+        trial.get("failed")) and trial["lost"][-1] == trial.get("experiment")
+
+
+def _measurable_again(run: AgentRun, trial: dict[str, Any]) -> bool:
+    """Lost, and not yet measured again since the run started or was last resumed (Resume
+    moves run.progress_floor past every experiment so far)."""
+    return _lost(trial) and experiment_budget_left(run) > 0 and not any(
+        pk > run.progress_floor for pk in trial.get("again", []))
+
+
+def _measure_again(run: AgentRun, trial: dict[str, Any], spec: dict[str, Any]) -> StepOutcome:
+    """Queue the lost trial's commit again; its next read takes the new experiment."""
+    arguments = {"params": trial["params"], "probes": [spec["probe"]],
+                 "why": f"experiment {trial['experiment']} was lost to infrastructure"}
+    experiment = request_experiment(
+        run, commit=trial["commit"], probes=judged_probes(spec),
+        origin=f"run {run.pk}, trial {trial['number']} again",
+        describe=f"{shown(trial['params'])} vs base, again: experiment {trial['experiment']} "
+                 "was lost")
+    trial.update(experiment=experiment.pk, failed=False)
+    trial.setdefault("again", []).append(experiment.pk)
+    text = (f"Measuring {shown(trial['params'])} again: experiment {trial['lost'][-1]} was lost "
+            f"to infrastructure; experiment {experiment.pk} on commit {trial['commit'][:10]}.")
+    return StepOutcome(text, "run_experiment",
+                       _call("run_experiment", arguments, True, text,
+                             {"experiment": experiment.pk, "commit": trial["commit"]}),
+                       record=arguments, result={"experiment": experiment.pk},
+                       verdict=f"experiment {experiment.pk} queued (again)",
+                       experiment=experiment.pk, wait_for=experiment.pk)
+
+
+def evidence_lost(run: AgentRun, trials: list[dict[str, Any]]) -> str:
+    """Why the tuner will not choose yet, in words; '' when no trial's evidence is lost."""
+    lost = [t for t in trials if _lost(t)]
+    if not lost:
+        return ""
+    measured = sum(1 for t in trials if t.get("objective") is not None and t.get("experiment"))
+    ids = ", ".join(str(t["experiment"]) for t in lost)
+    then = ("Resume the run to measure them again." if experiment_budget_left(run) > 0 else
+            "The experiment budget is spent: start a run of a goal version with more.")
+    return (f"{len(lost)} of {len(trials)} configurations lost their experiments to "
+            f"infrastructure (experiments {ids}; {measured} measured): nothing is submitted on "
+            f"evidence that was lost. {then}")
+
+
 def _submit(run: AgentRun, trials: list[dict[str, Any]], spec: dict[str, Any]) -> StepOutcome:
+    lost = evidence_lost(run, trials)
+    if lost:
+        return StepOutcome(f"Not choosing: {lost}", "", verdict="evidence lost", pause=lost)
     measured = [t for t in trials if t.get("objective") is not None and t.get("experiment")]
     best = min(measured, key=lambda t: t["objective"], default=None)
     if best is None or best["objective"] >= 1.0:

@@ -24,6 +24,7 @@ class RunExperiment:
 
     id: int
     status: str
+    lost: bool  # failed for the infrastructure's reasons (Experiment.lost)
     started_at: datetime | None
     finished_at: datetime | None
     step: int | None  # the first step that names it: the one that asked for it
@@ -46,7 +47,7 @@ _ENDED = {Experiment.Status.SUCCEEDED, Experiment.Status.FAILED, Experiment.Stat
 # summaries, which a sweep's cells make long, and sends two numbers. One statement for the
 # table and the chart, whatever the count; a literal one (bandit, B608), as
 # agents.views._STEP_KEYS.
-_EXPERIMENTS = """SELECT e.id, e.status, e.started_at, e.finished_at, s.number,
+_EXPERIMENTS = """SELECT e.id, e.status, e.lost, e.started_at, e.finished_at, s.number,
  left(s.summary, 300),
  (SELECT string_agg(h.title, '; ' ORDER BY h.id) FROM agents_hypothesis_experiments he
   JOIN agents_hypothesis h ON h.id = he.hypothesis_id
@@ -80,10 +81,31 @@ def run_experiments(run: AgentRun) -> list[RunExperiment]:
         db.execute(_EXPERIMENTS, {"run": run.pk, "probe": str(spec.get("probe", "")),
                                   "metric": str(spec.get("metric", ""))})
         rows = db.fetchall()
-    return [RunExperiment(id=pk, status=status, started_at=started, finished_at=finished,
-                          step=step, tested=hypotheses or summary or "",
+    return [RunExperiment(id=pk, status=status, lost=lost, started_at=started,
+                          finished_at=finished, step=step, tested=hypotheses or summary or "",
                           ratio=candidate / base if candidate is not None and base else None)
-            for pk, status, started, finished, step, summary, hypotheses, candidate, base in rows]
+            for pk, status, lost, started, finished, step, summary, hypotheses, candidate, base
+            in rows]
+
+
+@register.filter
+def experiment_tally(experiments: list[RunExperiment]) -> str:
+    """The run's experiments counted by what they are worth as evidence: measured apart from
+    lost to infrastructure (issue 28: a run that lost five of six looked like any other)."""
+    counts = {"measured": 0, "lost to infrastructure": 0, "failed": 0, "cancelled": 0,
+              "not finished": 0}
+    for experiment in experiments:
+        if experiment.lost:
+            counts["lost to infrastructure"] += 1
+        elif experiment.status == Experiment.Status.SUCCEEDED:
+            counts["measured"] += 1
+        elif experiment.status in _ENDED:
+            counts[str(experiment.status)] += 1
+        else:
+            counts["not finished"] += 1
+    parts = [f"{n} {what}" for what, n in counts.items() if n]
+    total = len(experiments)
+    return f"{total} experiment{'s' * (total != 1)}: {', '.join(parts)}." if parts else ""
 
 
 @register.filter

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -366,9 +367,10 @@ def experiment_give_up(*, experiment_id: int, worker: str, reason: str) -> bool:
 
 
 def _fail(experiment_id: int, reason: str) -> None:
+    """Fail an experiment whose every attempt ended without a result: lost."""
     Experiment.objects.filter(pk=experiment_id).update(
         status=Experiment.Status.FAILED, failure_reason=reason, finished_at=timezone.now(),
-        lease_expires_at=None,
+        lease_expires_at=None, lost=True,
     )
     transaction.on_commit(lambda: experiment_finished.send(Experiment, experiment_id=experiment_id))
 
@@ -427,7 +429,9 @@ class _Lease:
 def experiment_execute(*, experiment_id: int, worker: str | None = None) -> Experiment | None:
     """Claim and run the experiment to the end; None when there was nothing to do."""
     worker = worker or worker_name()
-    experiment = experiment_claim(experiment_id=experiment_id, worker=worker)
+    # A claim is one guarded statement or one transaction: safe to take again.
+    experiment = retried(partial(experiment_claim, experiment_id=experiment_id, worker=worker),
+                         what=f"experiment {experiment_id} claim")
     if experiment is None:
         return None
     lease = _Lease(experiment.pk, worker, experiment.attempts)
@@ -450,7 +454,9 @@ def experiment_execute(*, experiment_id: int, worker: str | None = None) -> Expe
         experiment_release(experiment_id=experiment.pk, worker=worker, attempt=lease.attempt)
         _stop_this_worker()
         return None
-    except (DomainError, sandbox.SandboxUnavailable, gitops.GitError, ManifestError) as exc:
+    except sandbox.SandboxUnavailable as exc:
+        _finish(lease, failure=str(exc), lost=True)  # this worker's fault, not the candidate's
+    except (DomainError, gitops.GitError, ManifestError) as exc:
         _finish(lease, failure=str(exc))
     except SoftTimeLimitExceeded:
         raise  # the task fails it with the limit in words (infraops.tasks)
@@ -464,7 +470,7 @@ def experiment_execute(*, experiment_id: int, worker: str | None = None) -> Expe
     finally:
         _tell_running("")
         _cleanup(workdir)
-    experiment.refresh_from_db()
+    retried(experiment.refresh_from_db, what=f"experiment {experiment.pk} read")
     return experiment
 
 
@@ -526,14 +532,15 @@ def unexpected_reason(exc: BaseException) -> str:
 
 
 def _fail_unexpectedly(lease: _Lease, reason: str) -> None:
-    """Fail the attempt with `reason`: with its summary when the samples can still be read,
-    else with the reason alone. Raises only when the database cannot record it (the lease then
-    expires and the reaper retries the experiment)."""
+    """Fail the attempt with `reason`, as lost (Experiment.lost: a bug or the database, not
+    the candidate): with its summary when the samples can still be read, else with the reason
+    alone. Raises only when the database cannot record it (the lease then expires and the
+    reaper retries the experiment)."""
     if (connection.errors_occurred and not connection.in_atomic_block
             and not connection.is_usable()):
         connection.close()  # a broken connection: the next query opens a new one
     try:
-        _finish(lease, failure=reason)
+        _finish(lease, failure=reason, lost=True)
     except LeaseLost:
         return
     except Exception:
@@ -544,7 +551,7 @@ def _fail_unexpectedly(lease: _Lease, reason: str) -> None:
                 pk=lease.experiment_id, claimed_by=lease.worker, attempts=lease.attempt,
                 status=Experiment.Status.RUNNING,
             ).update(status=Experiment.Status.FAILED, failure_reason=reason,
-                     finished_at=timezone.now(), lease_expires_at=None)
+                     finished_at=timezone.now(), lease_expires_at=None, lost=True)
             if failed:
                 transaction.on_commit(lambda: experiment_finished.send(
                     Experiment, experiment_id=lease.experiment_id))
@@ -864,7 +871,7 @@ def _record_execution(
 
 def _finish(lease: _Lease, *, failure: str, feedback: dict[str, Any] | None = None,
             rows: Sequence[SampleRow] | None = None,
-            probe_files: dict[str, str | None] | None = None) -> None:
+            probe_files: dict[str, str | None] | None = None, lost: bool = False) -> None:
     """End the attempt with its summary (from rows, the attempt's samples, read when None)."""
     if rows is None:
         rows = attempt_samples(attempt_executions(lease.experiment_id, lease.attempt))
@@ -878,7 +885,7 @@ def _finish(lease: _Lease, *, failure: str, feedback: dict[str, Any] | None = No
     ).update(
         status=(Experiment.Status.FAILED if failure else Experiment.Status.SUCCEEDED),
         failure_reason=failure, summary=summary, feedback=feedback or {},
-        finished_at=timezone.now(), lease_expires_at=None,
+        finished_at=timezone.now(), lease_expires_at=None, lost=lost,
         **({} if probe_files is None else {"probe_files": probe_files}),
     ), what=f"experiment {lease.experiment_id} finish")
     if finished == 1:  # after the commit (at once outside a transaction)

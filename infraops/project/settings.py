@@ -556,6 +556,7 @@ CELERY_TASK_ROUTES = {
     "infraops.tasks.experiment_execute": {"queue": "experiments"},
     # Every installation runs agent workers (runs need them): the reaper goes there.
     "infraops.tasks.experiments_reap": {"queue": "agent"},
+    "infraops.tasks.target_fetch": {"queue": "agent"},
     "reviews.tasks.*": {"queue": "agent"},
     "skeletons.tasks.*": {"queue": "agent"},
 }

@@ -34,13 +34,19 @@ def repo_url_policy(*, trusted_roots: Sequence[Path] = ()) -> RepoUrlPolicy:
     )
 
 
-def repo_check(*, url: str, branch: str, trusted_roots: Sequence[Path] = ()) -> None:
-    """Raise DomainError with a sentence when `url` is outside the policy (repo_url_policy),
-    unreachable, or lacks `branch`. The policy is checked before git runs at all."""
+def repo_url_allowed(*, url: str, trusted_roots: Sequence[Path] = ()) -> None:
+    """Raise DomainError with a sentence when `url` is outside the policy (repo_url_policy).
+    No git runs: a form checks this in its request, and a worker does the rest."""
     try:
         repo_url_check(url, repo_url_policy(trusted_roots=trusted_roots))
     except RepoUrlRefused as exc:
         raise DomainError(str(exc)) from None
+
+
+def repo_check(*, url: str, branch: str, trusted_roots: Sequence[Path] = ()) -> None:
+    """Raise DomainError with a sentence when `url` is outside the policy (repo_url_policy),
+    unreachable, or lacks `branch`. The policy is checked before git runs at all."""
+    repo_url_allowed(url=url, trusted_roots=trusted_roots)
     try:
         heads = gitops.git(Path("/"), "ls-remote", "--heads", "--", url, branch, timeout=60)
     except gitops.GitError as exc:
@@ -173,3 +179,65 @@ def target_refresh_manifest(*, target: Target) -> Target:
         "manifest_commit", "manifest_text", "manifest_sha256", "manifest_errors", "refreshed_at",
     ])
     return target
+
+
+# --- the repository's git work, in a worker ----------------------------------------------------
+# Issue 28: a form that ran git in its request held a web thread for a minute or more on a URL
+# that hangs (eight filled the pool). A form records what to fetch; a worker task with a
+# deadline (infraops.tasks.target_fetch) fetches; the target's page says where it stands.
+
+def target_fetch_request(*, target: Target, check: bool, reclone: bool) -> None:
+    """Mark the target as being fetched and hand the git work to a worker after the commit.
+    `check`: the URL or branch is new, so the worker checks them first (repo_check);
+    `reclone`: the URL is new, so the clone is made again."""
+    Target.objects.filter(pk=target.pk).update(
+        fetch_status=Target.Fetch.FETCHING, fetch_error="", fetch_requested_at=timezone.now())
+    target.refresh_from_db(fields=["fetch_status", "fetch_error", "fetch_requested_at"])
+    pk = target.pk
+    transaction.on_commit(lambda: _send_fetch(pk, check=check, reclone=reclone))
+
+
+def queue_fetch(target_id: int, check: bool, reclone: bool) -> None:
+    """Send infraops.tasks.target_fetch by name: the tasks module imports this one."""
+    from celery import current_app
+
+    current_app.send_task("infraops.tasks.target_fetch", (target_id, check, reclone))
+
+
+def _send_fetch(target_id: int, *, check: bool, reclone: bool) -> None:
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import RedisError
+
+    try:
+        queue_fetch(target_id, check, reclone)
+    except (OperationalError, RedisError, OSError):
+        target_fetch_failed(target_id=target_id, reason=(
+            "the task queue (Redis) was not answering, so nothing was fetched: refresh the "
+            "target once it is back"))
+
+
+def target_fetch(*, target_id: int, check: bool, reclone: bool) -> Target | None:
+    """The worker's half of target_fetch_request: check the URL and its branch (when new),
+    clone (when asked, or when there is no clone yet), read the manifest; record ready, or
+    failed with the reason. None when the target was deleted meanwhile."""
+    target = Target.objects.filter(pk=target_id).first()
+    if target is None:
+        return None
+    try:
+        if check:
+            repo_check(url=target.repo_url, branch=target.base_branch)
+        if reclone:
+            target_clone(target=target)
+        target_refresh_manifest(target=target)
+    except DomainError as exc:
+        target_fetch_failed(target_id=target_id, reason=str(exc))
+    else:
+        Target.objects.filter(pk=target_id).update(fetch_status=Target.Fetch.READY,
+                                                   fetch_error="")
+    target.refresh_from_db()
+    return target
+
+
+def target_fetch_failed(*, target_id: int, reason: str) -> None:
+    Target.objects.filter(pk=target_id).update(fetch_status=Target.Fetch.FAILED,
+                                               fetch_error=reason[:2000])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -12,6 +14,7 @@ from django.utils import timezone
 
 from infraops import gitops
 from infraops.access import has_target_role, target_roles
+from infraops.dbretry import TRANSIENT, retried
 from infraops.errors import DomainError, Forbidden
 from infraops.grants import reviewer_grants, separation_problem
 from infraops.roles import REVIEWER
@@ -25,7 +28,12 @@ from reviews.signals import (
     changes_requested_send,
 )
 
+log = logging.getLogger(__name__)
+
 MAX_COMMENT = 10_000
+# A reviewer waits on the merge after their decision: a few quick reconnects (under a
+# second), then beat's changes_reap finishes it (every 15 s).
+MERGE_TRIES_IN_REQUEST = 3
 DECIDABLE = (Change.Status.PENDING_REVIEW,)
 RETRYABLE = (Change.Status.MERGE_FAILED, Change.Status.APPROVED)
 _STATUS_AFTER = {
@@ -137,9 +145,26 @@ def review_decide(
                 raise DomainError(f"The merge cannot be prepared, so nothing was recorded: "
                                   f"{exc}") from None
         queue_changed()
-    change_advance(change_id=change.pk)
-    change.refresh_from_db()
+    merge_after_decision(change)
     return made
+
+
+def merge_after_decision(change: Change) -> bool:
+    """Take a decided change as far as it goes now and refresh `change`; False when the
+    database connection kept failing. The decision is committed by then and every merge step
+    is idempotent (reviews.services.merge), so a dropped connection loses nothing: beat's
+    changes_reap finishes the merge. Issue 28: the reviewer saw a 503, as if nothing had been
+    recorded, while the merge completed 15 s later."""
+    try:
+        retried(partial(change_advance, change_id=change.pk), what=f"change {change.pk} merge",
+                tries=MERGE_TRIES_IN_REQUEST)
+        retried(change.refresh_from_db, what=f"change {change.pk} read",
+                tries=MERGE_TRIES_IN_REQUEST)
+    except TRANSIENT as exc:
+        log.warning("change %s: decided, and the database failed while merging (%s); the "
+                    "reaper finishes the merge", change.pk, type(exc).__name__)
+        return False
+    return True
 
 
 def _overridden(change: Change, reason: str) -> list[str]:

@@ -19,12 +19,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from infraops import gitops
+from infraops.dbretry import retried
 from infraops.errors import DomainError
 from infraops.experiments.services import (
     experiment_request,
@@ -298,12 +300,15 @@ def _indent(text: str) -> str:
 
 def changes_reap() -> list[int]:
     """Finish what a killed process left: approved, merging and re-verifying changes that no
-    process is working on (their advisory lock is free). Beat runs it periodically."""
+    process is working on (their advisory lock is free). Beat runs it periodically. A
+    dropped database connection costs a change a reconnect (infraops.dbretry), not its turn."""
     advanced = []
-    for change_id in Change.objects.filter(status__in=OPEN_MERGE_STATES).values_list(
-            "pk", flat=True)[:200]:
+    for change_id in retried(lambda: list(Change.objects.filter(
+            status__in=OPEN_MERGE_STATES).values_list("pk", flat=True)[:200]),
+            what="open merges"):
         try:
-            change = change_advance(change_id=change_id)
+            change = retried(partial(change_advance, change_id=change_id),
+                             what=f"change {change_id} merge")
         except (gitops.GitError, DomainError):
             log.exception("change %s could not be advanced", change_id)
             continue

@@ -11,6 +11,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from infraops.access import AuthenticatedHttpRequest, get_visible_or_404
+from infraops.dbretry import TRANSIENT, retried
 from infraops.errors import DomainError, Forbidden
 from infraops.feedback.charts import feedback_charts
 from infraops.ratelimit import APPROVE, throttled
@@ -24,7 +25,7 @@ from reviews.services import (
     decision_denial,
     review_decide,
 )
-from reviews.services.decide import MAX_COMMENT, decider_rights
+from reviews.services.decide import MAX_COMMENT, MERGE_TRIES_IN_REQUEST, decider_rights
 
 SHA256 = r"[0-9a-f]{64}"
 
@@ -125,9 +126,25 @@ def change_decide(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
     except DomainError as exc:
         messages.error(request, str(exc))
     else:
-        change.refresh_from_db()
-        messages.success(request, f"Change {change.pk}: {change.get_status_display()}.")
+        messages.success(request, _decided(change))
     return redirect("reviews:change", pk=change.pk)
+
+
+def _decided(change: Change) -> str:
+    """What the reviewer reads once their decision is committed. A database that fails from
+    here on must not answer as if nothing were recorded (a 503): the merge's steps are
+    idempotent, and beat's changes_reap finishes what this request could not."""
+    try:
+        retried(change.refresh_from_db, what=f"change {change.pk} read",
+                tries=MERGE_TRIES_IN_REQUEST)
+    except TRANSIENT:
+        return (f"Change {change.pk}: your decision is recorded. The database connection "
+                "dropped while the change was merging: the merge is finished in the "
+                "background within seconds; reload this page to see it.")
+    if change.status in (Change.Status.APPROVED, Change.Status.MERGING):
+        return (f"Change {change.pk}: {change.get_status_display()}; the merge is finished "
+                "in the background within seconds: reload this page to see it.")
+    return f"Change {change.pk}: {change.get_status_display()}."
 
 
 @require_POST

@@ -54,3 +54,22 @@ def test_the_reaper_requeues_only_running_runs_that_stalled_without_waiting(
     assert requeued == [stalled.pk]
     assert len(callbacks) == 1
     assert fresh.pk not in requeued
+
+
+def test_the_reaper_wakes_a_run_whose_experiment_finished_but_whose_wake_was_lost(
+    example_goal: Goal, engineer: User, django_capture_on_commit_callbacks: Any,
+) -> None:
+    """Issue 28: the wake rides on the experiment's end; a dropped connection can lose it."""
+    run = started(example_goal, engineer, django_capture_on_commit_callbacks)
+    experiment = ExperimentFactory.create(target=run.target, candidate_commit="a" * 40,
+                                          baseline_commit="b" * 40, status="succeeded")
+    AgentRun.objects.filter(pk=run.pk).update(waiting_for=experiment)
+
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        requeued = runs_reap()
+
+    run.refresh_from_db()
+    assert requeued == [run.pk]
+    assert [c for c in callbacks if c.__qualname__.startswith("_enqueue_step")]  # its next step
+    assert run.waiting_for_id is None
+    assert run.events.filter(message=f"Experiment {experiment.pk} succeeded.").count() == 1

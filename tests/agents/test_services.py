@@ -6,6 +6,7 @@ test reads back exactly what a worker would receive without sharing a Redis queu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from agents import services
 from agents.events import run_event
 from agents.models import AgentRun, RunEvent, Step
 from infraops.errors import DomainError
-from infraops.models import AuditEntry, Goal
+from infraops.models import AuditEntry, Goal, Target
 from infraops.services.goals import goal_snapshot
 from infraops.services.targets import target_register
 from tests.conftest import make_origin, members_of_new_target
@@ -85,6 +86,22 @@ def test_the_llm_policy_without_an_endpoint_is_refused_with_the_reason(
     example_goal.refresh_from_db()
 
     with pytest.raises(DomainError, match="LLM policy needs OPENAI_BASE_URL and a model"):
+        services.run_start(goal=example_goal, user=engineer)
+
+    assert not AgentRun.objects.exists()
+
+
+def test_a_run_waits_for_its_targets_fetch_and_never_fetches_in_the_request(
+    example_goal: Goal, engineer: User
+) -> None:
+    """Issue 28: a form runs no git; a target whose fetch failed says why instead."""
+    Target.objects.filter(pk=example_goal.target_id).update(
+        fetch_status=Target.Fetch.FAILED, fetch_error="The repository cannot be read.")
+    example_goal.refresh_from_db()
+
+    with pytest.raises(DomainError, match=re.escape(
+            "tiny-serving's repository could not be fetched: The repository cannot be read. "
+            "Fix the target")):
         services.run_start(goal=example_goal, user=engineer)
 
     assert not AgentRun.objects.exists()

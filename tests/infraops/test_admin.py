@@ -6,11 +6,15 @@ import html
 import re
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
+from unittest.mock import patch
 
 import pytest
+from celery.exceptions import SoftTimeLimitExceeded
 from django.contrib.auth.models import User
 from django.test import Client
 
+from infraops import tasks
 from infraops.models import AcceptanceCriterion, Boundary, Goal, GoalVersion, Target
 from infraops.services.goals import goal_snapshot
 from tests.conftest import make_origin
@@ -207,30 +211,95 @@ def test_an_edit_of_the_boundary_alone_is_a_new_version(editor: Client,
     assert latest.spec["boundary"]["max_experiments"] == 3
 
 
-def test_adding_a_target_with_an_unreachable_repository_is_refused(
-    editor: Client, tmp_path: Path
+def added_and_fetched(editor: Client, capture: Any, **fields: str) -> Target:
+    """Add a target through the form, then run the fetch its save handed over, as the
+    worker would (the request itself runs no git: test_a_target_form_runs_no_git...)."""
+    with capture(execute=False) as sent:
+        response = editor.post("/admin/infraops/target/add/",
+                               form_of(editor, "/admin/infraops/target/add/") | fields)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    target = Target.objects.get(name=fields["name"])
+    assert target.fetch_status == Target.Fetch.FETCHING
+    assert len(sent) == 1
+    with patch("infraops.services.targets.queue_fetch", tasks.target_fetch):
+        sent[0]()
+    target.refresh_from_db()
+    return target
+
+
+def test_adding_a_target_with_an_unreachable_repository_says_its_fetch_failed(
+    editor: Client, tmp_path: Path, django_capture_on_commit_callbacks: Any,
 ) -> None:
+    target = added_and_fetched(editor, django_capture_on_commit_callbacks, name="ghost",
+                               repo_url=str(tmp_path / "missing.git"), base_branch="main")
+
+    assert target.fetch_status == Target.Fetch.FAILED
+    assert "cannot be read" in target.fetch_error
+    page = html.unescape(editor.get("/targets/ghost/").content.decode())
+    assert "Fetching the repository failed" in page and "cannot be read" in page
+
+
+def test_adding_a_target_without_its_branch_says_its_fetch_failed(
+    editor: Client, tmp_path: Path, django_capture_on_commit_callbacks: Any,
+) -> None:
+    target = added_and_fetched(editor, django_capture_on_commit_callbacks, name="tiny",
+                               repo_url=str(make_origin(tmp_path)), base_branch="release")
+
+    assert target.fetch_status == Target.Fetch.FAILED
+    assert target.fetch_error == (f"The repository {target.repo_url!r} has no branch "
+                                  "'release'.")
+    assert not target.clone_path.exists()
+
+
+def test_a_target_form_runs_no_git_in_its_request(
+    editor: Client, tmp_path: Path, django_capture_on_commit_callbacks: Any,
+) -> None:
+    """Issue 28: URLs that hang held a web thread for 60 s or more (eight filled the pool).
+    The request saves the target as being fetched and hands the git work to a worker."""
     fields = form_of(editor, "/admin/infraops/target/add/") | {
-        "name": "ghost", "repo_url": str(tmp_path / "missing.git"), "base_branch": "main",
-    }
+        "name": "tiny", "repo_url": str(make_origin(tmp_path)), "base_branch": "main"}
 
-    response = editor.post("/admin/infraops/target/add/", fields)
+    def no_git(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("git ran in the web request")
 
-    assert response.status_code == 200
-    assert "cannot be read" in response.content.decode()
-    assert not Target.objects.exists()
+    with patch("infraops.gitops._communicate", no_git), \
+            django_capture_on_commit_callbacks(execute=False) as sent:
+        response = editor.post("/admin/infraops/target/add/", fields)
+        page = editor.get("/targets/tiny/").content.decode()
+
+    assert response.status_code == 302
+    assert [callback.__qualname__ for callback in sent] == [
+        "target_fetch_request.<locals>.<lambda>"]
+    assert "The repository is being fetched by a worker" in page
 
 
-def test_adding_a_target_without_its_branch_is_refused(editor: Client, tmp_path: Path) -> None:
-    origin = make_origin(tmp_path)
-    fields = form_of(editor, "/admin/infraops/target/add/") | {
-        "name": "tiny", "repo_url": str(origin), "base_branch": "release",
-    }
+def test_a_fetch_past_its_deadline_fails_with_the_reason(example_target: Target) -> None:
+    def slow(**kwargs: Any) -> None:
+        raise SoftTimeLimitExceeded()
 
-    response = editor.post("/admin/infraops/target/add/", fields)
+    with patch("infraops.services.targets.target_fetch", slow):
+        tasks.target_fetch(example_target.pk, False, False)
 
-    assert "has no branch &#x27;release&#x27;" in response.content.decode()
-    assert not Target.objects.exists()
+    example_target.refresh_from_db()
+    assert example_target.fetch_status == Target.Fetch.FAILED
+    assert example_target.fetch_error.startswith(
+        f"fetching the repository took longer than {tasks.TARGET_FETCH_SECONDS} s")
+
+
+def test_a_fetch_the_task_queue_refuses_fails_with_the_reason(
+    editor: Client, example_target: Target, django_capture_on_commit_callbacks: Any,
+) -> None:
+    def down(*args: Any, **kwargs: Any) -> None:
+        raise ConnectionRefusedError("redis")
+
+    with patch("infraops.services.targets.queue_fetch", down), \
+            django_capture_on_commit_callbacks(execute=True):
+        editor.post("/admin/infraops/target/", {
+            "action": "refresh_manifest", "_selected_action": [str(example_target.pk)]})
+
+    example_target.refresh_from_db()
+    assert example_target.fetch_status == Target.Fetch.FAILED
+    assert "the task queue (Redis) was not answering" in example_target.fetch_error
 
 
 def test_a_target_cannot_name_another_targets_copy_in_the_data_folder(
@@ -274,17 +343,12 @@ def test_urls_the_server_must_not_reach_are_refused_before_git_runs(
 
 
 def test_adding_a_reachable_target_clones_it_and_reads_its_manifest(
-    editor: Client, tmp_path: Path, engineer: User
+    editor: Client, tmp_path: Path, engineer: User, django_capture_on_commit_callbacks: Any,
 ) -> None:
-    origin = make_origin(tmp_path)
-    fields = form_of(editor, "/admin/infraops/target/add/") | {
-        "name": "tiny", "repo_url": str(origin), "base_branch": "main",
-    }
+    target = added_and_fetched(editor, django_capture_on_commit_callbacks, name="tiny",
+                               repo_url=str(make_origin(tmp_path)), base_branch="main")
 
-    response = editor.post("/admin/infraops/target/add/", fields)
-
-    assert response.status_code == 302
-    target = Target.objects.get(name="tiny")
+    assert target.fetch_status == Target.Fetch.READY and target.fetch_error == ""
     assert target.created_by == engineer
     assert target.clone_path.is_dir()
     assert target.manifest_errors == []

@@ -15,6 +15,7 @@ from django.db.models import Count
 
 from infraops.experiments.services import experiment_execute
 from infraops.models import Experiment, ExperimentLog, ProbeExecution, Target
+from tests.dbfaults import dsn
 from tests.factories import ExperimentFactory
 from tests.infraops.experiments.test_services import candidate_commit
 
@@ -51,14 +52,6 @@ class _Terminator(threading.Thread):
                 self.done += 1
 
 
-def _dsn() -> str:
-    params = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    parts = {key: params[key] for key in ("host", "port", "user", "password", "dbname")
-             if params.get(key)}
-    return " ".join(f"{key}={value}" for key, value in parts.items())
-
-
 @pytest.fixture
 def terminator() -> Iterator[list[_Terminator]]:
     made: list[_Terminator] = []
@@ -77,7 +70,7 @@ def test_an_experiment_survives_its_connections_being_terminated_again_and_again
         target=example_target, candidate_commit=candidate_commit(example_target, data_dir),
         baseline_commit=example_target.manifest_commit, probes=["latency-bench"],
         manifest_sha256=example_target.manifest_sha256)
-    thread = _Terminator(_dsn(), experiment.pk)
+    thread = _Terminator(dsn(), experiment.pk)
     terminator.append(thread)
     thread.start()
 
