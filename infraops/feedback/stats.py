@@ -202,7 +202,7 @@ EXTENSION_SHARE = 0.2
 # cold cache) when it is worse than every later one of the planned look, by more than this
 # many robust standard deviations of those later ones.
 FIRST_RUN_SIGMAS = 10.0
-FIRST_RUN_MIN_REST = 3  # later executions a side needed to judge the first one
+FIRST_RUN_MIN_REST = 2  # later executions a side needed to judge the first one
 
 
 def looks(repeat: int, extra: int) -> tuple[int, ...]:

@@ -436,7 +436,8 @@ def test_a_last_look_or_a_decided_one_asks_for_nothing_more():
     ([0.9, 1.0, 1.001, 0.999, 1.0], "minimize", False),  # better is not a first-run cost
     ([0.9, 1.0, 1.001, 0.999, 1.0], "maximize", True),  # a throughput's first run is lower
     ([1.5, 1.0, 1.0, 1.0], "minimize", True),
-    ([1.5, 1.0, 1.0], "minimize", False),  # too few later runs to judge the first
+    ([1.036e9, 1.0001e9, 0.9998e9], "minimize", True),  # repeat = 3 is guarded too
+    ([1.5, 1.0], "minimize", False),  # too few later runs to judge the first
 ])
 def test_a_first_run_outlier_is_worse_than_every_later_run_by_far(values, direction, outlier):
     assert stats.first_run_outlier(values, direction) is outlier
