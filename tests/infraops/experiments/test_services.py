@@ -875,3 +875,30 @@ def test_a_time_measured_under_the_instruction_counter_is_not_judged_and_says_so
         ("perf-comparison", "count instructions no change"),
         ("not-judged", "count wall_ms not judged")]
     assert "under the instruction counter" in found[1].detail
+
+
+@pytest.mark.parametrize(("measure", "asks"), [("instructions", False), ("wall", True)])
+def test_a_time_the_instrument_distorts_never_asks_for_extra_repeats(measure: str, asks: bool
+                                                                     ) -> None:
+    from infraops.experiments.analysis import look_state
+    from infraops.feedback.samples import SampleRow
+    from infraops.manifest import parse_manifest
+
+    [probe] = parse_manifest('[[probe]]\nname = "count"\nlayer = "performance"\n'
+                             f'command = "x"\nmetrics = ["wall_ms"]\nmeasure = "{measure}"\n'
+                             ).probes
+    # A 3x slower wall time that one slow baseline run hides from five repeats a side.
+    values = {"baseline": [900.0, 905, 3100, 902, 910], "candidate": [2700.0, 2710, 2690, 2705,
+                                                                       2720]}
+    rows = [SampleRow(probe="count", side=side, variant="", metric="wall_ms", value=value,
+                      execution=2 * index + (side == "candidate") + 1)
+            for side, series in values.items() for index, value in enumerate(series)]
+    rows += [SampleRow(probe="count", side=side, variant="", metric="instructions", value=1e9,
+                       execution=2 * index + (side == "candidate") + 1)
+             for side in values for index in range(5)]
+
+    state = look_state(Experiment(pk=1), probe, "", rows)
+
+    # Under the instruction counter only the counts are judged, and they are equal.
+    assert state.more_would_decide is asks
+    assert not state.first_run_outlier
