@@ -53,8 +53,8 @@ def test_fresh_checkout_instruction_counts_detect_1_5_percent_and_call_a_comment
         comparison = ie.instruction_comparison(experiment)
         assert comparison["n_baseline"] == comparison["n_candidate"] == 5
         assert "first-run outlier" in comparison["sequence"], comparison
-        for side, counts in ie.measured_counts(experiment).items():
-            assert len(counts) == 6
-            assert counts[0] > max(counts[1:]), (side, counts)
-            assert ie.kept_counts(experiment, 5)[side] == counts[1:]
+        for side, values in ie.measured_counts(experiment).items():
+            assert len(values) == 6
+            assert values[0] > max(values[1:]), (side, values)
+            assert ie.kept_counts(experiment, 5)[side] == values[1:]
         assert min(ie.first_run_excess(experiment).values()) > 1.0  # percent
