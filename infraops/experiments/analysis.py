@@ -43,7 +43,14 @@ from infraops.feedback.criteria import (
 )
 from infraops.feedback.findings import Finding
 from infraops.feedback.samples import SampleKey, SampleRow, per_execution
-from infraops.manifest import DEFAULT_ATOL, DEFAULT_RTOL, Manifest, Metric, Probe
+from infraops.manifest import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    PERFORMANCE_KINDS,
+    Manifest,
+    Metric,
+    Probe,
+)
 from infraops.models import Artifact, Experiment, ProbeExecution, Sample, variant_key
 
 STDERR_TAIL_CHARS = 1500
@@ -304,7 +311,8 @@ def look_state(experiment: Experiment, probe: Probe, variant: str,
                rows: Sequence[SampleRow]) -> LookState:
     """After a look's repeats of one variant (`rows`: the attempt's samples so far), whether
     another repeat (a first-run outlier to replace) or the next look's repeats (an undecided
-    comparison they may decide) are worth running: the comparisons the feedback will make."""
+    comparison of a time or throughput they may decide) are worth running: the comparisons
+    the feedback will make."""
     plan = sample_plan(probe)
     samples = per_execution(r for r in rows if r.probe == probe.name and r.variant == variant)
     seed, margin = experiment.pk, _Margin(experiment.margin, experiment.margin_metric)
@@ -318,7 +326,10 @@ def look_state(experiment: Experiment, probe: Probe, variant: str,
                 margin=margin.of(probe.name, key[2], measured.margin))
         except ValueError:
             continue
-        more = more or stats.more_would_decide(result, plan)
+        # Load blurs speed; errors, counts and memory are what the code computes, not faster
+        # or slower for repeating them.
+        more = more or (measured.kind in PERFORMANCE_KINDS
+                        and stats.more_would_decide(result, plan))
     return LookState(outlier, more)
 
 

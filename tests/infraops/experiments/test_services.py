@@ -902,3 +902,21 @@ def test_a_time_the_instrument_distorts_never_asks_for_extra_repeats(measure: st
     # Under the instruction counter only the counts are judged, and they are equal.
     assert state.more_would_decide is asks
     assert not state.first_run_outlier
+
+
+@pytest.mark.parametrize(("metric", "asks"), [("rel_error", False), ("merge_us", True)])
+def test_only_a_speed_asks_for_extra_repeats(metric: str, asks: bool) -> None:
+    from infraops.experiments.analysis import look_state
+    from infraops.feedback.samples import SampleRow
+    from infraops.manifest import parse_manifest
+
+    [probe] = parse_manifest('[[probe]]\nname = "merge"\nlayer = "performance"\n'
+                             f'command = "x"\nmetrics = ["{metric}"]\nrepeat = 3\n').probes
+    # A 100-fold fall that three repeats a side cannot call (p >= 0.1 at best): for an
+    # error that is the fix, settled by the goal's criteria; a time is worth more repeats.
+    values = {"baseline": [1e-2, 1.01e-2, 0.99e-2], "candidate": [1e-4, 1.01e-4, 0.99e-4]}
+    rows = [SampleRow(probe="merge", side=side, variant="", metric=metric, value=value,
+                      execution=2 * index + (side == "candidate") + 1)
+            for side, series in values.items() for index, value in enumerate(series)]
+
+    assert look_state(Experiment(pk=1), probe, "", rows).more_would_decide is asks
