@@ -12,14 +12,24 @@ under a target `bench-instructions-<pid>`, deleted at the end; clones, checkouts
 to a temporary data folder (INFRAOPS_DATA), also removed. It also needs bubblewrap and
 valgrind. About 4-6 minutes on a 2-core machine, most of it callgrind.
 
-Synthetic (numbers drawn here, compare() called directly):
-- aa_false_alarm_rate: share of A/A comparisons (both sides from one lognormal distribution,
-  CV 20% as measured for wall time on this machine class, 20 samples a side) that
-  `infraops.feedback.stats.compare` calls improved or regressed;
-- pyperf_aa_false_alarm_rate: the same samples through the check `python -m pyperf compare_to`
-  uses (`pyperf._compare.CompareResult.significant`: Student's t-test at 95%, no --min-speed);
-- detection_rate_10pct_cv5: share of comparisons with a 10% slower candidate, CV 5%, 20
-  samples a side, that compare() calls regressed;
+Synthetic (numbers drawn here, through the procedure an experiment follows: `procedure`
+below runs the looks of `infraops.feedback.stats.sequential_compare` as the runner does,
+drawing a side's values as it runs repeats: the planned repeats, one more when a side's first
+is a first-run outlier, each further look's while the data say it may decide; the default
+extra-repeat budget, twice the repeats):
+- aa_false_alarm_rate: share of A/A experiments (both sides from one lognormal distribution,
+  CV 20% as measured for wall time on this machine class, 20 repeats a side) called improved
+  or regressed; aa_extra_repeats_mean: the extra repeats a side they took, on average;
+- pyperf_aa_false_alarm_rate: their first 20 samples a side through the check
+  `python -m pyperf compare_to` uses (`pyperf._compare.CompareResult.significant`: Student's
+  t-test at 95%, no --min-speed);
+- detection_rate_10pct_cv5: share of experiments with a 10% slower candidate, CV 5%, 20
+  repeats a side, called regressed;
+- detection_rate_3x_one_outlier: share of experiments with a 3x slower candidate, 5 repeats a
+  side, CV 20%, one of the five planned baseline executions (at a random place) hit by load
+  (4x its time), called regressed; repeats_3x_one_outlier_mean: the repeats a side they took
+  (with a fixed 5 a side the rank test cannot reach p < 0.01 once that execution outranks a
+  candidate's);
 - instructions_detect_2pct_runs: runs a side (interleaved, from 3 up) after which compare() on
   instruction counts calls a C function doing 2% more work regressed; counted with
   `perf stat -e instructions` where the machine supports it, else valgrind's callgrind.
@@ -28,9 +38,11 @@ Real experiments in instruction mode (bench/instruction_experiments.py): a targe
 the temporary folder whose one probe (`python3 -S bench/count.py`, `measure = "instructions"`,
 layer performance) imports a pure-Python kernel and runs its loop of ITERATIONS rounds; every
 experiment goes through `experiment_execute` (fresh checkouts of both commits, sandboxed
-executions under callgrind, one warm-up a side first, samples stored, feedback built with
+executions under callgrind, no warm-up: a side's first execution, which compiles the kernel's
+bytecode, is left out as a first-run outlier and replaced; samples stored, feedback built with
 Experiment.margin's default 0.01), two experiments at a time (instruction counts do not depend
-on the load). The verdict read is the perf-comparison finding on `instructions`.
+on the load). The probe states `extra_repeats = 0`: these figures measure what `repeat`
+repeats a side decide. The verdict read is the perf-comparison finding on `instructions`.
 - instructions_detect_1_5pct_runs: the smallest repeats a side (3 to 8, one fresh experiment
   each) at which an experiment whose candidate commit makes the whole probe count 1.5% more
   instructions is called "regressed" (9: never). The candidate's loop runs more rounds of the
@@ -43,18 +55,17 @@ on the load). The verdict read is the perf-comparison finding on `instructions`.
   side, whose candidate commit changes only a comment in the kernel (identical code), called
   "no change"; instructions_aa_false_alarm_rate_real: share of them called improved/regressed;
 - aa_no_change_rate, instructions_aa_false_alarm_rate: the same two shares over
-  FULL.aa_trials (2000) resampled A/A pairs: the measured executions (Sample rows; warm-ups
-  excluded) of those 10 experiments, both sides, are pooled (100 counts, each from a fresh
-  checkout's run), and each trial draws 10 of them without replacement, splits them 5 vs 5
-  and runs compare() (margin 0.01) on them;
+  FULL.aa_trials (2000) resampled A/A pairs: the measured executions the comparisons kept
+  (Sample rows; a first-run outlier left out) of those 10 experiments, both sides, are pooled
+  (100 counts, each from a fresh checkout's run), and each trial draws 10 of them without
+  replacement, splits them 5 vs 5 and runs compare() (margin 0.01) on them;
 - instructions_warmup_excess: the median, over every real experiment's two sides, of how much
-  more the side's warm-up execution counted than the median of its samples, in percent (a
-  fresh checkout's first run compiles the kernel's bytecode). Warm-ups store no samples: the
-  count is read back from their callgrind artifacts in the blob store
-  (`callgrind.<pid>.out`, summed over processes); printed as `unavailable` when unreadable.
+  more the side's first execution counted than the median of its other samples, in percent (a
+  fresh checkout's first run compiles the kernel's bytecode: what the guard leaves out).
 
-Targets (issue 4): aa_false_alarm_rate <= 0.01 and below pyperf's; detection_rate_10pct_cv5
->= 0.95; instructions_detect_2pct_runs <= 5; instructions_detect_1_5pct_runs <= 5;
+Targets (issues 4 and 26): aa_false_alarm_rate <= 0.01 and below pyperf's;
+detection_rate_10pct_cv5 >= 0.95; detection_rate_3x_one_outlier >= 0.99;
+instructions_detect_2pct_runs <= 5; instructions_detect_1_5pct_runs <= 5;
 instructions_planted_ratio within 1.015 +- 0.002 (else the detection figure measures another
 change); aa_no_change_rate and aa_no_change_rate_real >= 0.9; instructions_aa_false_alarm_rate
 and instructions_aa_false_alarm_rate_real <= 0.01. instructions_warmup_excess has none. Exits 1
@@ -93,11 +104,17 @@ from infraops.feedback.stats import (  # noqa: E402
     IMPROVED,
     NO_CHANGE,
     REGRESSED,
+    Comparison,
     compare,
+    first_run_outlier,
+    looks,
     min_rank_repeats,
+    more_would_decide,
     parse_callgrind_total,
     parse_perf_stat_instructions,
+    sequential_compare,
 )
+from infraops.manifest import EXTRA_REPEATS_PER_REPEAT  # noqa: E402
 
 SAMPLES = 20
 # The margin real A/A experiments are judged with (Experiment.margin's default).
@@ -168,23 +185,104 @@ def pyperf_significant(baseline: list[float], candidate: list[float]) -> bool:
     return bool(result.significant)
 
 
-def aa_false_alarm_rates(trials: int) -> tuple[float, float]:
+Draw = Callable[[int], list[float]]
+
+
+def procedure(draw_baseline: Draw, draw_candidate: Draw, repeat: int, *, seed: int
+              ) -> tuple[Comparison, int]:
+    """One experiment as the runner makes it (infraops.experiments.services._run_repeats):
+    repeats a side drawn as they run (`draw_*(k)`: the next k values of that side), the
+    planned look's, one more when a side's first is a first-run outlier, each further look's
+    while the data say it may decide; the default extra-repeat budget. Returns the verdict and
+    the repeats a side it ran."""
+    plan = looks(repeat, EXTRA_REPEATS_PER_REPEAT * repeat)
+    base: list[float] = []
+    cand: list[float] = []
+    look, replaced = 0, False
+    while True:
+        more = plan[look] + int(replaced) - len(base)
+        base, cand = base + draw_baseline(more), cand + draw_candidate(more)
+        result = sequential_compare(base, cand, plan=plan, seed=seed)
+        if not replaced and any(first_run_outlier(v[:plan[0]]) for v in (base, cand)):
+            replaced = True
+        elif more_would_decide(result, plan) and look + 1 < len(plan):
+            look += 1
+        else:
+            return result, len(base)
+
+
+def drawn(rng: np.random.Generator, median: float, cv: float) -> Draw:
+    """A side's values as its repeats run: lognormal, `median` and `cv`."""
+    return lambda n: lognormal(rng, median, cv, n)
+
+
+def recorded(draw: Draw, into: list[float]) -> Draw:
+    """`draw`, keeping every value it gives in `into` (in run order)."""
+
+    def next_values(n: int) -> list[float]:
+        values = draw(n)
+        into.extend(values)
+        return values
+
+    return next_values
+
+
+def hit_by_load(draw: Draw, index: int, factor: float) -> Draw:
+    """`draw`, with the value of repeat `index` (0-based, in run order) `factor` times."""
+    done = 0
+
+    def next_values(n: int) -> list[float]:
+        nonlocal done
+        values = draw(n)
+        if done <= index < done + n:
+            values[index - done] *= factor
+        done += n
+        return values
+
+    return next_values
+
+
+def aa_false_alarm_rates(trials: int) -> tuple[float, float, float]:
+    """(ours, pyperf's on the first SAMPLES a side, our mean extra repeats a side)."""
     rng = np.random.default_rng(2026)
-    ours = theirs = 0
+    ours = theirs = extra = 0
     for trial in range(trials):
-        base, cand = lognormal(rng, 1.0, 0.20, SAMPLES), lognormal(rng, 1.0, 0.20, SAMPLES)
-        ours += compare(base, cand, seed=trial).verdict in (IMPROVED, REGRESSED)
-        theirs += pyperf_significant(base, cand)
-    return ours / trials, theirs / trials
+        base: list[float] = []
+        cand: list[float] = []
+        result, ran = procedure(recorded(drawn(rng, 1.0, 0.20), base),
+                                recorded(drawn(rng, 1.0, 0.20), cand), SAMPLES, seed=trial)
+        ours += result.verdict in (IMPROVED, REGRESSED)
+        extra += ran - SAMPLES
+        theirs += pyperf_significant(base[:SAMPLES], cand[:SAMPLES])
+    return ours / trials, theirs / trials, extra / trials
 
 
 def detection_rate(trials: int) -> float:
     rng = np.random.default_rng(2027)
     found = 0
     for trial in range(trials):
-        base, cand = lognormal(rng, 1.0, 0.05, SAMPLES), lognormal(rng, 1.10, 0.05, SAMPLES)
-        found += compare(base, cand, seed=trial).verdict == REGRESSED
+        result, _ = procedure(drawn(rng, 1.0, 0.05), drawn(rng, 1.10, 0.05), SAMPLES,
+                              seed=trial)
+        found += result.verdict == REGRESSED
     return found / trials
+
+
+OUTLIER_REPEATS = 5
+LOAD_FACTOR = 4.0
+
+
+def detection_rate_one_outlier(trials: int) -> tuple[float, float]:
+    """(share called regressed, mean repeats a side) of the 3x regression with one of the
+    OUTLIER_REPEATS planned baseline executions hit by load (LOAD_FACTOR times its time)."""
+    rng = np.random.default_rng(2029)
+    found = ran_total = 0
+    for trial in range(trials):
+        baseline = hit_by_load(drawn(rng, 1.0, 0.20), int(rng.integers(OUTLIER_REPEATS)),
+                               LOAD_FACTOR)
+        result, ran = procedure(baseline, drawn(rng, 3.0, 0.20), OUTLIER_REPEATS, seed=trial)
+        found += result.verdict == REGRESSED
+        ran_total += ran
+    return found / trials, ran_total / trials
 
 
 def perf_counter(command: list[str]) -> int:
@@ -250,7 +348,7 @@ class RealFigures:
     planted_ratio: float
     aa_verdicts: list[str]
     aa_pool: list[float]
-    warmup_excess: list[float] | None  # percent per (experiment, side); None: unreadable
+    first_run_excess: list[float]  # percent per (experiment, side)
     verdicts_by_repeat: dict[int, str] = field(default_factory=dict)
 
     @property
@@ -348,11 +446,12 @@ def real_instruction_experiments(size: Size) -> RealFigures:
         found = [r for r in sorted(verdicts) if verdicts[r] == REGRESSED]
         runs = found[0] if found else max(size.detect_repeats) + 1
         sides: dict[str, list[float]] = {"baseline": [], "candidate": []}
-        for experiment in detection.values():
-            for side, values in ie.measured_counts(experiment).items():
+        for repeat, experiment in detection.items():
+            for side, values in ie.kept_counts(experiment, repeat).items():
                 sides[side] += values
         planted = float(np.median(sides["candidate"]) / np.median(sides["baseline"]))
-        pool = [v for e in aa for values in ie.measured_counts(e).values() for v in values]
+        pool = [v for e in aa for values in ie.kept_counts(e, size.aa_runs).values()
+                for v in values]
         aa_verdicts = [ie.verdict(e) for e in aa]
         for e in aa:
             c = ie.instruction_comparison(e)
@@ -360,15 +459,8 @@ def real_instruction_experiments(size: Size) -> RealFigures:
                   f"interval within +-{c['margin']:.0%}; 95% CI [{c['ci_low']:.5f}, "
                   f"{c['ci_high']:.5f}], CV {max(c['cv_baseline'], c['cv_candidate']):.3%}",
                   file=sys.stderr)
-        excess: list[float] | None = []
-        for experiment in [*detection.values(), *aa]:
-            measured = ie.measured_counts(experiment)
-            for side, counts in ie.warmup_counts(experiment).items():
-                if not counts or any(c is None for c in counts) or excess is None:
-                    excess = None
-                    continue
-                median = float(np.median(measured[side]))
-                excess += [(float(c) / median - 1) * 100 for c in counts if c is not None]
+        excess = [value for experiment in [*detection.values(), *aa]
+                  for value in ie.first_run_excess(experiment).values()]
         return RealFigures(runs, planted, aa_verdicts, pool, excess, verdicts)
     finally:
         ie.delete_targets([name])
@@ -384,11 +476,15 @@ def main() -> int:
     args = parser.parse_args()
     size = SMOKE if args.smoke else FULL
     started = time.monotonic()
-    aa, pyperf_aa = aa_false_alarm_rates(size.aa_trials)
+    aa, pyperf_aa, aa_extra = aa_false_alarm_rates(size.aa_trials)
     figure("aa_false_alarm_rate", aa, "fraction")
+    figure("aa_extra_repeats_mean", aa_extra, "repeats")
     figure("pyperf_aa_false_alarm_rate", pyperf_aa, "fraction")
     detected = detection_rate(size.detection_trials)
     figure("detection_rate_10pct_cv5", detected, "fraction")
+    outlier, outlier_repeats = detection_rate_one_outlier(size.detection_trials)
+    figure("detection_rate_3x_one_outlier", outlier, "fraction")
+    figure("repeats_3x_one_outlier_mean", outlier_repeats, "repeats")
     runs = instructions_detect_runs(size.max_runs)
     figure("instructions_detect_2pct_runs", runs, "runs")
     data = setup_django(args.database)
@@ -406,13 +502,11 @@ def main() -> int:
     no_change, alarms = resampled_aa(real.aa_pool, size)
     figure("aa_no_change_rate", no_change, "ratio")
     figure("instructions_aa_false_alarm_rate", alarms, "ratio")
-    if real.warmup_excess:
-        figure("instructions_warmup_excess", float(np.median(real.warmup_excess)), "percent")
-        print(f"# warm-up excess over {len(real.warmup_excess)} warm-ups: "
-              f"{min(real.warmup_excess):.2f}% to {max(real.warmup_excess):.2f}%",
+    if real.first_run_excess:
+        figure("instructions_warmup_excess", float(np.median(real.first_run_excess)), "percent")
+        print(f"# first-run excess over {len(real.first_run_excess)} sides: "
+              f"{min(real.first_run_excess):.2f}% to {max(real.first_run_excess):.2f}%",
               file=sys.stderr)
-    else:
-        print("figure: instructions_warmup_excess unavailable percent", flush=True)
     print(f"# {len(real.aa_pool)} pooled A/A executions; bench took "
           f"{time.monotonic() - started:.0f} s", file=sys.stderr)
     missed = [
@@ -420,6 +514,7 @@ def main() -> int:
         for name, ok in (
             ("aa_false_alarm_rate", aa <= 0.01 and aa < pyperf_aa),
             ("detection_rate_10pct_cv5", detected >= 0.95),
+            ("detection_rate_3x_one_outlier", outlier >= 0.99),
             ("instructions_detect_2pct_runs", runs <= 5),
             ("instructions_detect_1_5pct_runs", real.detect_runs <= 5),
             ("instructions_planted_ratio", abs(real.planted_ratio - 1.015) <= 0.002),

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from django.conf import settings
 from django.db import connection
 
 from infraops import gitops
-from infraops.experiments.blobstore import blob_store
 from infraops.experiments.services import CALLGRIND_PREFIX, experiment_execute, worker_name
-from infraops.feedback.stats import parse_callgrind_total
-from infraops.models import Artifact, Experiment, ProbeExecution, Sample, Target
+from infraops.feedback.stats import first_run_outlier, parse_callgrind_total
+from infraops.models import Experiment, ProbeExecution, Sample, Target
 from infraops.services.targets import target_register
 
 PROBE = "count"
@@ -41,6 +41,9 @@ COMMAND = "python3 -S bench/count.py"
 # The sandbox's PATH: the calibration runs the same python3 the probe gets.
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 
+# extra_repeats = 0: an experiment decides with the repeats its manifest states (the extra
+# repeats an inconclusive comparison may take are measured by bench/feedback_stats.py's
+# synthetic figures), so "called regressed at 5 repeats a side" means five.
 MANIFEST = """# A pure-Python CPU kernel counted under callgrind.
 
 [[probe]]
@@ -50,6 +53,7 @@ command = "{command}"
 metrics = ["instructions"]
 measure = "instructions"
 repeat = {repeat}
+extra_repeats = 0
 timeout = 120
 covers = ["kernel/**"]
 files = ["bench/count.py"]
@@ -249,7 +253,8 @@ def attempt_executions(experiment: Experiment) -> list[ProbeExecution]:
 
 def measured_counts(experiment: Experiment) -> dict[str, list[float]]:
     """Per side, the instruction count of every measured execution (its one Sample), in the
-    order they ran. Warm-ups have no Sample rows."""
+    order they ran, a first-run outlier included (the comparison leaves it out). Warm-ups, when
+    a probe asks for them, have no Sample rows."""
     counts: dict[str, list[float]] = {"baseline": [], "candidate": []}
     rows = (Sample.objects.filter(execution__experiment=experiment,
                                   execution__attempt=experiment.attempts, probe=PROBE,
@@ -260,30 +265,25 @@ def measured_counts(experiment: Experiment) -> dict[str, list[float]]:
     return counts
 
 
-def artifact_instructions(execution: ProbeExecution) -> float | None:
-    """The execution's instruction count read back from its callgrind artifacts (the sum over
-    every traced process, as infraops.experiments.results.instruction_rows counts a sample);
-    None when it left none or one cannot be read."""
-    store = blob_store()
-    total, found = 0, False
-    artifacts = Artifact.objects.filter(execution=execution, name__startswith=CALLGRIND_PREFIX,
-                                        name__endswith=".out")
-    for artifact in artifacts:
-        try:
-            total += parse_callgrind_total(store.local_path(artifact.sha256).read_text())
-        except (OSError, ValueError):
-            return None
-        found = True
-    return float(total) if found else None
+def kept_counts(experiment: Experiment, repeat: int) -> dict[str, list[float]]:
+    """Per side, the counts the comparison reads: the first `repeat` measured ones, after a
+    first-run outlier among them is left out (feedback.stats.sequential_compare)."""
+    kept = {}
+    for side, counts in measured_counts(experiment).items():
+        first_left_out = first_run_outlier(counts[:repeat])
+        kept[side] = counts[1:repeat + 1] if first_left_out else counts[:repeat]
+    return kept
 
 
-def warmup_counts(experiment: Experiment) -> dict[str, list[float | None]]:
-    """Per side, the instruction counts of its warm-up executions (from their artifacts)."""
-    counts: dict[str, list[float | None]] = {"baseline": [], "candidate": []}
-    for execution in attempt_executions(experiment):
-        if execution.is_warmup:
-            counts[execution.side].append(artifact_instructions(execution))
-    return counts
+def first_run_excess(experiment: Experiment) -> dict[str, float]:
+    """Per side, how much more its first measured execution counted than the median of its
+    other samples, in percent: what a fresh checkout's first run pays (it compiles the
+    kernel's bytecode), now found in the samples rather than paid by a warm-up."""
+    excess = {}
+    for side, counts in measured_counts(experiment).items():
+        if len(counts) > 1:
+            excess[side] = (counts[0] / float(np.median(counts[1:])) - 1) * 100
+    return excess
 
 
 def delete_targets(names: list[str]) -> None:

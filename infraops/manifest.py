@@ -27,7 +27,9 @@ The file format (see docs/feedback-contract.md; ``metrics``, ``files``, ``always
     repeat = 5                       # default 1, or 5 for performance and e2e
     requires = ["gpu"]
     measure = "wall"                 # wall | instructions
-    warmup = 1                       # executions a side before the samples (default 1)
+    warmup = 1                       # executions a side before the samples (default 0)
+    extra_repeats = 10               # more repeats a side that may decide an inconclusive
+                                     # comparison (default 2 x repeat for performance and e2e)
     plausible_speedup = 5            # a faster candidate fails as implausible (default 5)
     processes = 64                   # sandbox limits of one execution, within the operator's
     memory_mb = 2048                 # maxima (defaults: infraops.experiments.sandbox's):
@@ -86,9 +88,17 @@ NOISY_LAYERS = ("performance", "e2e")
 DEFAULT_REPEAT_NOISY = 5
 DEFAULT_REPEAT = 1
 # The first execution of each side pays one-time costs (bytecode compilation in a fresh
-# checkout, cold caches): +3.6% to +22% instructions measured; run and kept, never a sample.
-DEFAULT_WARMUP = 1
+# checkout, cold caches): +3.6% to +22% instructions measured. A whole warm-up execution a side
+# doubled the cost of a cheap experiment; the samples themselves now show that bias (a first
+# execution far worse than the rest is left out and replaced: feedback.stats.first_run_outlier),
+# so warm-ups run only when a probe asks for them.
+DEFAULT_WARMUP = 0
 MAX_WARMUP = 10
+# Extra repeats a side an inconclusive comparison may take, when the data say they would
+# decide it (feedback.stats.sequential_compare): by default twice the planned repeats, for the
+# layers that compare samples; at most MAX_EXTRA_REPEATS.
+EXTRA_REPEATS_PER_REPEAT = 2
+MAX_EXTRA_REPEATS = 100
 # A speed-up beyond this factor fails as implausible unless the probe raises the bound.
 DEFAULT_PLAUSIBLE_SPEEDUP = 5.0
 # numpy.allclose's defaults, so that a compare entry without tolerances means what people expect.
@@ -119,7 +129,7 @@ CRITERIA_ELSEWHERE = (
 PROBE_KEYS = (
     "name", "layer", "command", "metrics", "cost", "timeout", "covers", "variants", "compare",
     "repeat", "requires", "measure", "always", "files", "higher_is_better", "warmup",
-    "plausible_speedup", "processes", "memory_mb", "disk_mb", "meta",
+    "plausible_speedup", "processes", "memory_mb", "disk_mb", "meta", "extra_repeats",
 )
 SANDBOX_LIMIT_KEYS = ("processes", "memory_mb", "disk_mb")
 COMPARE_KEYS = ("reference", "candidate", "rtol", "atol")
@@ -296,6 +306,7 @@ class Probe:
     files: tuple[str, ...] = ()
     higher_is_better: tuple[str, ...] = ()
     warmup: int = DEFAULT_WARMUP
+    extra_repeats: int = 0  # the parser's default depends on the layer and repeat
     plausible_speedup: float = DEFAULT_PLAUSIBLE_SPEEDUP
     processes: int | None = None  # None: the sandbox's default
     memory_mb: int | None = None
@@ -739,6 +750,12 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
     if not 0 <= warmup <= MAX_WARMUP:
         report.report("warmup", f"warmup must be a whole number from 0 to {MAX_WARMUP}, "
                                 f"got {warmup}")
+    extra_repeats = _whole(raw, "extra_repeats", report, positive=False,
+                           default=min(EXTRA_REPEATS_PER_REPEAT * repeat, MAX_EXTRA_REPEATS)
+                           if noisy else 0)
+    if not 0 <= extra_repeats <= MAX_EXTRA_REPEATS:
+        report.report("extra_repeats", "extra_repeats must be a whole number from 0 to "
+                                       f"{MAX_EXTRA_REPEATS}, got {extra_repeats}")
     speedup = raw.get("plausible_speedup", DEFAULT_PLAUSIBLE_SPEEDUP)
     if not _is_number(speedup) or not math.isfinite(speedup) or speedup <= 1:
         report.report("plausible_speedup", "plausible_speedup must be a number above 1 (a "
@@ -772,7 +789,8 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
         name=name, layer=layer, command=command, metrics=metrics, repeat=repeat, cost=cost,
         timeout=timeout, covers=covers, variants=variants, compare=compare, requires=requires,
         measure=measure or "wall", always=always, files=files, higher_is_better=higher,
-        warmup=warmup, plausible_speedup=float(speedup), meta=meta, declared=declared,
+        warmup=warmup, extra_repeats=extra_repeats, plausible_speedup=float(speedup),
+        meta=meta, declared=declared,
         **limits,
     )
 

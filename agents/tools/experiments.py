@@ -248,8 +248,9 @@ def _cells(probe: Probe) -> list[str]:
 def _probe_lines(probe: Probe) -> list[str]:
     metrics = ", ".join(probe.metrics) or "none (its verdict comes from outputs/)"
     lines = [f"- {probe.name} ({probe.layer}, cost {probe.cost}): covers "
-             f"{', '.join(probe.covers)}; metrics {metrics}; repeat {probe.repeat}, warm-up "
-             f"{probe.warmup}; requires {', '.join(probe.requires) or 'nothing'}"
+             f"{', '.join(probe.covers)}; metrics {metrics}; repeat {probe.repeat} (up to "
+             f"{probe.extra_repeats} more when undecided), warm-up {probe.warmup}; requires "
+             f"{', '.join(probe.requires) or 'nothing'}"
              + ("; always runs" if probe.always else "")]
     cells = _cells(probe)
     if cells:

@@ -43,7 +43,14 @@ from infraops.feedback.criteria import (
 )
 from infraops.feedback.findings import Finding
 from infraops.feedback.samples import SampleKey, SampleRow, per_execution
-from infraops.manifest import DEFAULT_ATOL, DEFAULT_RTOL, Manifest, Metric, Probe
+from infraops.manifest import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    PERFORMANCE_KINDS,
+    Manifest,
+    Metric,
+    Probe,
+)
 from infraops.models import Artifact, Experiment, ProbeExecution, Sample, variant_key
 
 STDERR_TAIL_CHARS = 1500
@@ -286,6 +293,59 @@ class _Margin:
         return min(self.value, stats.DEFAULT_NO_CHANGE_MARGIN)
 
 
+def sample_plan(probe: Probe) -> tuple[int, ...]:
+    """Samples a side at each look of the probe's comparisons: its repeats, then its
+    extra_repeats in stages (feedback.stats.looks)."""
+    return stats.looks(probe.repeat, probe.extra_repeats)
+
+
+@dataclass(frozen=True)
+class LookState:
+    """What a variant's samples so far ask of the runner (infraops.experiments.services)."""
+
+    first_run_outlier: bool  # a judged series' first execution is left out: run one more
+    more_would_decide: bool  # an inconclusive comparison that the next look may decide
+
+
+def look_state(experiment: Experiment, probe: Probe, variant: str,
+               rows: Sequence[SampleRow]) -> LookState:
+    """After a look's repeats of one variant (`rows`: the attempt's samples so far), whether
+    another repeat (a first-run outlier to replace) or the next look's repeats (an undecided
+    comparison of a time or throughput they may decide) are worth running: the comparisons
+    the feedback will make."""
+    plan = sample_plan(probe)
+    samples = per_execution(r for r in rows if r.probe == probe.name and r.variant == variant)
+    seed, margin = experiment.pk, _Margin(experiment.margin, experiment.margin_metric)
+    outlier = more = False
+    for key, base, cand, measured in _judged(probe, samples):
+        outlier = outlier or any(stats.first_run_outlier(values[:plan[0]], measured.direction)
+                                 for values in (base, cand))
+        try:
+            result = stats.sequential_compare(
+                base, cand, plan=plan, direction=measured.direction, seed=seed,
+                margin=margin.of(probe.name, key[2], measured.margin))
+        except ValueError:
+            continue
+        # Load blurs speed; errors, counts and memory are what the code computes, not faster
+        # or slower for repeating them.
+        more = more or (measured.kind in PERFORMANCE_KINDS
+                        and stats.more_would_decide(result, plan))
+    return LookState(outlier, more)
+
+
+def _judged(probe: Probe, samples: dict[SampleKey, list[float]]
+            ) -> Iterator[tuple[tuple[str, str, str, str], list[float], list[float], Metric]]:
+    """The probe's series that are compared: (probe, variant, metric, case), the baseline's
+    and the candidate's values, and what the metric measures; not those with fewer than
+    MIN_SAMPLES a side or distorted by the instrument (_distorted)."""
+    for key in sorted({key[:4] for key in samples if key[0] == probe.name}):
+        base = samples.get((*key, "baseline"), [])
+        cand = samples.get((*key, "candidate"), [])
+        measured = probe.metric(key[2])
+        if min(len(base), len(cand)) >= stats.MIN_SAMPLES and not _distorted(probe, measured):
+            yield key, base, cand, measured
+
+
 def _performance(probes: list[Probe], samples: dict[SampleKey, list[float]], *, seed: int,
                  margin: _Margin) -> list[Finding]:
     by_probe = {p.name: p for p in probes}
@@ -310,8 +370,9 @@ def _performance(probes: list[Probe], samples: dict[SampleKey, list[float]], *, 
             distorted.setdefault((probe_name, metric), case)
             continue
         try:
-            result = stats.compare(base, cand, direction=measured.direction, seed=seed,
-                                   margin=margin.of(probe_name, metric, measured.margin))
+            result = stats.sequential_compare(
+                base, cand, plan=sample_plan(probe), direction=measured.direction, seed=seed,
+                margin=margin.of(probe_name, metric, measured.margin))
         except ValueError as exc:
             found.append(Finding("performance", "not-comparable", feedback.WARN,
                                  f"{feedback.where(probe_name, variant, case)} {metric}",

@@ -41,7 +41,13 @@ from infraops.dbretry import retried
 from infraops.errors import DomainError, WorkerNotAccepted
 from infraops.experiments import sandbox
 from infraops.experiments.accelerators import ProbeAccess, probe_access
-from infraops.experiments.analysis import attempt_executions, attempt_samples, experiment_feedback
+from infraops.experiments.analysis import (
+    attempt_executions,
+    attempt_samples,
+    experiment_feedback,
+    look_state,
+    sample_plan,
+)
 from infraops.experiments.results import (
     LogStream,
     MetricRow,
@@ -671,15 +677,14 @@ def _probe_file_ids(repo: Path, experiment: Experiment,
 
 def _run_probe(attempt: _Attempt, probe: Probe) -> str:
     """Run the variant cells of one probe the experiment chose (every cell unless its
-    `variants` names the probe): its warm-ups, then its repeats, sides interleaved ABBA
-    (the side that runs first alternates). Returns a failure sentence, or '' when every
-    execution exited 0.
+    `variants` names the probe): its warm-ups (when it asks for them), then its repeats
+    (_run_repeats). Returns a failure sentence, or '' when every execution exited 0.
 
-    Warm-ups pay the one-time costs of a fresh checkout (bytecode compilation, cold caches;
-    +3.6% to +22% instructions measured on first runs) and are never samples. They run under
-    a second seed, so their outputs also tell whether the outputs follow the input (the integrity
-    check of infraops/experiments/analysis.py); with `warmup = 0` that second-seed execution runs
-    after the samples, when the probe writes outputs.
+    Warm-ups are never samples; they run under a second seed, so their outputs also tell
+    whether the outputs follow the input (the integrity check of
+    infraops/experiments/analysis.py). Without warm-ups (the default: a first-run outlier is
+    found in the samples themselves) that second-seed execution runs after the samples, when
+    the probe writes outputs.
     """
     try:
         access = probe_access(probe)
@@ -690,19 +695,47 @@ def _run_probe(attempt: _Attempt, probe: Probe) -> str:
     check_seed = (seed + 1 + rng.randrange(2**31 - 1)) % 2**31  # never equal to seed
     for variant in attempt.experiment.variant_cells(probe):
         key = variant_key(variant)
-        plan = [_Slot(-index, check_seed) for index in range(probe.warmup, 0, -1)]
-        plan += [_Slot(repeat, seed) for repeat in range(probe.repeat)]
-        for slot in plan:  # warm-ups baseline first; repeats ABBA from the baseline
-            flip = slot.repeat > 0 and slot.repeat % 2 == 1
-            failure = _run_slot(attempt, probe, access, variant, slot, flip=flip)
+        for index in range(probe.warmup, 0, -1):  # baseline first
+            failure = _run_slot(attempt, probe, access, variant, _Slot(-index, check_seed),
+                                flip=False)
             if failure:
                 return failure
+        failure, ran = _run_repeats(attempt, probe, access, variant, seed)
+        if failure:
+            return failure
         if probe.warmup == 0 and _wrote_outputs(attempt, probe, key):
             failure = _run_slot(attempt, probe, access, variant, _Slot(-1, check_seed),
-                                flip=probe.repeat % 2 == 1)
+                                flip=ran % 2 == 1)
             if failure:
                 return failure
     return ""
+
+
+def _run_repeats(attempt: _Attempt, probe: Probe, access: ProbeAccess, variant: dict[str, str],
+                 seed: int) -> tuple[str, int]:
+    """One variant's repeats, sides interleaved ABBA (the side that runs first alternates):
+    the first look's (the probe's `repeat`), one more when a side's first execution is a
+    first-run outlier (it is left out of the comparison), then each further look's
+    (`extra_repeats`, in stages) while a comparison is inconclusive and the data say more
+    repeats would decide it (analysis.look_state; feedback.stats.sequential_compare).
+    Returns (a failure sentence or '', the repeats run)."""
+    plan = sample_plan(probe)
+    key = variant_key(variant)
+    ran, look, replaced = 0, 0, False
+    while True:
+        while ran < plan[look] + int(replaced):
+            failure = _run_slot(attempt, probe, access, variant, _Slot(ran, seed),
+                                flip=ran % 2 == 1)
+            if failure:
+                return failure, ran
+            ran += 1
+        state = look_state(attempt.experiment, probe, key, attempt.samples)
+        if state.first_run_outlier and not replaced:
+            replaced = True
+        elif state.more_would_decide and look + 1 < len(plan):
+            look += 1
+        else:
+            return "", ran
 
 
 @dataclass(frozen=True)

@@ -269,7 +269,7 @@ def performance_findings(probe: str, variant: str, metric: str, case: str, unit:
                f"{significant(c.ci_high)}), "
                f"p={c.p_value:.2g}, n={c.n_baseline}/{c.n_candidate} executions a side, "
                f"noise CV {max(c.cv_baseline, c.cv_candidate):.1%}, detectable effect "
-               f"{c.mde:.1%}")
+               f"{c.mde:.1%}") + (f"; {c.sequence}" if c.sequence else "")
     if c.verdict == INCONCLUSIVE:
         why = f"inconclusive because {c.reason.split('; minimal detectable')[0]}"
         detail = f"{why}; {c.advice}. {numbers}" if c.advice else f"{why}. {numbers}"

@@ -87,7 +87,10 @@ SampleKey = tuple[str, str, str, str, str]  # probe, variant, metric, case, side
 
 
 def per_execution(rows: Iterable[SampleRow]) -> dict[SampleKey, list[float]]:
-    """One value per execution and key: the median of what that execution reported.
+    """One value per execution and key: the median of what that execution reported, in run
+    order (execution ids grow as executions are recorded): the sequential comparison reads
+    the first n of a side at each look, and a side's first execution may be a first-run
+    outlier (infraops.feedback.stats.sequential_compare).
 
     Pooling the samples of one process would understate the noise. Seen here: an A/A run
     pooled 90 per-step samples a side into a 'regression' at p = 3e-6.
@@ -99,7 +102,7 @@ def per_execution(rows: Iterable[SampleRow]) -> dict[SampleKey, list[float]]:
         per_run[(row.execution, key)].append(row.value)
         units.setdefault(key, row.unit)
     grouped: dict[SampleKey, list[float]] = defaultdict(list)
-    for (_, key), values in per_run.items():
+    for (_, key), values in sorted(per_run.items(), key=lambda item: item[0][0]):
         grouped[key].append(float(np.median(values)))
     return grouped
 

@@ -14,6 +14,7 @@ instead of wall time.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Sequence
@@ -78,6 +79,11 @@ class Comparison:
     margin: float
     repeats_needed: int = 0
     advice: str = ""
+    # Set by `sequential_compare`: the look that gave the verdict (1-based) of how many, and
+    # in words what the sequential procedure and the first-run guard did ("" for none).
+    look: int = 1
+    looks: int = 1
+    sequence: str = ""
 
     def as_dict(self) -> dict[str, object]:
         """Every field by name; NaN and infinities become None, so the dict is strict JSON."""
@@ -185,6 +191,116 @@ def compare(
         needed = _advice(ratio, cv_b, cv_c, min(n_b, n_c), alpha, margin, excludes_one=(
             decision[0] > 1.0 or decision[1] < 1.0), significant=p_value < alpha)
     return result(verdict, reason, ci=ci, p_value=p_value, mde=mde, needed=needed)
+
+
+# --- the sequential procedure and the first-run guard ---------------------------------------
+
+# The share of alpha the extension looks spend; the planned look keeps the rest: 0.8 * 0.01 =
+# 0.008 still lets five repeats a side decide (complete separation gives p = 2/252 = 0.0079).
+EXTENSION_SHARE = 0.2
+# A side's first execution is a first-run outlier (a fresh checkout's bytecode compilation, a
+# cold cache) when it is worse than every later one of the planned look, by more than this
+# many robust standard deviations of those later ones.
+FIRST_RUN_SIGMAS = 10.0
+FIRST_RUN_MIN_REST = 2  # later executions a side needed to judge the first one
+
+
+def looks(repeat: int, extra: int) -> tuple[int, ...]:
+    """Samples a side at each look: the planned `repeat`, then `extra` more in two stages
+    (half of them, then the rest); one look when there is no budget."""
+    if extra <= 0:
+        return (repeat,)
+    return tuple(sorted({repeat, repeat + (extra + 1) // 2, repeat + extra}))
+
+
+def look_levels(count: int, alpha: float) -> tuple[float, ...]:
+    """The nominal level of each of `count` looks, by alpha spending (Lan & DeMets 1983): the
+    planned look spends (1 - EXTENSION_SHARE) * alpha (all of it when it is the only look);
+    the extension looks spend the rest along the Pocock-type function ln(1 + (e - 1) t) of the
+    extension's information fraction t. Each look's level is its increment of the spent alpha,
+    so by Bonferroni the false-alarm rate over all looks is at most alpha however the looks
+    correlate (conservative: exact group-sequential boundaries would be a little wider)."""
+    if count <= 1:
+        return (alpha,)
+    first = alpha * (1.0 - EXTENSION_SHARE)
+    extension = alpha * EXTENSION_SHARE
+    spent = [first] + [first + extension * math.log1p((math.e - 1.0) * k / (count - 1))
+                       for k in range(1, count)]
+    return tuple(b - a for a, b in zip([0.0, *spent[:-1]], spent, strict=True))
+
+
+def first_run_outlier(values: Sequence[float], direction: str = "minimize") -> bool:
+    """Whether the first of a side's values in run order (the planned look's, `values`) is a
+    first-run outlier: worse than every later one (higher, or lower for "maximize") and
+    further from their median than FIRST_RUN_SIGMAS robust standard deviations of them (any
+    distance when they are all equal). Needs FIRST_RUN_MIN_REST later values."""
+    if len(values) < FIRST_RUN_MIN_REST + 1:
+        return False
+    first, rest = float(values[0]), np.asarray(values[1:], dtype=np.float64)
+    worse = first > rest.max() if direction == "minimize" else first < rest.min()
+    if not worse:
+        return False
+    median = float(np.median(rest))
+    spread = _MAD_TO_SIGMA * float(np.median(np.abs(rest - median)))
+    return abs(first - median) > FIRST_RUN_SIGMAS * spread
+
+
+def sequential_compare(
+    baseline: Sequence[float], candidate: Sequence[float], *, plan: Sequence[int],
+    direction: str = "minimize", alpha: float = 0.01,
+    margin: float = DEFAULT_NO_CHANGE_MARGIN, seed: int = 0, resamples: int = 2000,
+) -> Comparison:
+    """`compare` at each look of `plan` (samples a side, see `looks`) that both sides reached,
+    at the look's nominal level (`look_levels`); the first look that decides gives the
+    verdict, else the last look reached says why it stays inconclusive. Values are one per
+    execution, in run order: a look reads the first n of each side. A side's first value is
+    left out when it is a first-run outlier among the planned look's (`first_run_outlier`):
+    the runner then ran one more repeat, so the look still has its n. With no look reached
+    (fewer values than planned), everything there is is compared at the first look's level.
+
+    Group-sequential design, alpha spending per Lan & DeMets (1983), "Discrete sequential
+    boundaries for clinical trials", Biometrika 70(3):659-663, with Bonferroni-bounded
+    nominal levels: the false-alarm rate over all looks stays at most `alpha`."""
+    base, cand = list(baseline), list(candidate)
+    left_out: list[str] = []
+    if first_run_outlier(base[:plan[0]], direction):
+        base, left_out = base[1:], [*left_out, "baseline"]
+    if first_run_outlier(cand[:plan[0]], direction):
+        cand, left_out = cand[1:], [*left_out, "candidate"]
+    levels = look_levels(len(plan), alpha)
+    reached = [k for k, n in enumerate(plan) if min(len(base), len(cand)) >= n]
+    notes = [f"the {' and '.join(left_out)}'s first execution left out: a first-run outlier"
+             ] if left_out else []
+    if not reached:
+        result = compare(base, cand, direction=direction, alpha=levels[0], margin=margin,
+                         seed=seed, resamples=resamples)
+        return dataclasses.replace(result, looks=len(plan), sequence="; ".join(notes))
+    for k in reached:
+        result = compare(base[:plan[k]], cand[:plan[k]], direction=direction, alpha=levels[k],
+                         margin=margin, seed=seed, resamples=resamples)
+        if result.verdict != INCONCLUSIVE:
+            break
+    if len(plan) > 1:
+        notes.insert(0, f"look {k + 1} of {len(plan)} ({plan[k]} a side; level {levels[k]:.2g}"
+                        f" of the overall {alpha:g}, alpha spent over the looks)")
+    return dataclasses.replace(result, look=k + 1, looks=len(plan), sequence="; ".join(notes))
+
+
+def more_would_decide(result: Comparison, plan: Sequence[int]) -> bool:
+    """Whether the runner should take the next look: the comparison is inconclusive at a look
+    before the last, and at its noise the repeats the budget allows would decide it. For an
+    effect of at least the margin that noise is the robust CV, which an outlier leaves alone:
+    a large effect, or one that a single execution hit by load hides from the rank test, is
+    worth the repeats; a small effect in wide noise is not."""
+    if result.verdict != INCONCLUSIVE or result.look >= len(plan):
+        return False
+    observed = abs(result.ratio - 1.0)
+    if math.isfinite(observed) and observed >= result.margin:
+        needed = repeats_to_detect(result.cv_baseline, result.cv_candidate, observed,
+                                   result.alpha)
+    else:
+        needed = result.repeats_needed
+    return needed is not None and 0 < needed <= plan[-1]
 
 
 def _verdict(

@@ -47,7 +47,7 @@ TF32X3 = {"len-16": 3.1e-7, "len-64": 5.2e-7, "len-256": 9.8e-7, "len-1024": 2.2
 
 PROBES = """1 probes, cheapest first:
 - cp-merge (performance, cost 6): covers fla/ops/cp/**; metrics rel_error, merge_us, \
-max_rel_error; repeat 3, warm-up 1; requires gpu
+max_rel_error; repeat 3 (up to 6 more when undecided), warm-up 0; requires gpu
   no variants (one cell)"""
 SEARCHED = f"""1 matches for {SETTING!r} in 14 files:
 {PATH}:15: {TF32_LINE}"""

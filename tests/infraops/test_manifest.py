@@ -141,6 +141,13 @@ CASES = [
                  id="fractional-repeat"),
     pytest.param(PROBE + "cost = 1.5\n", UNIT, "cost", 6, "cost must be a whole number",
                  id="fractional-cost"),
+    pytest.param(PROBE + "extra_repeats = -1\n", UNIT, "extra_repeats", 6,
+                 "extra_repeats must be a whole number from 0 to 100, got -1",
+                 id="negative-extra-repeats"),
+    pytest.param(PROBE + "extra_repeats = 101\n", UNIT, "extra_repeats", 6,
+                 "from 0 to 100, got 101", id="too-many-extra-repeats"),
+    pytest.param(PROBE + 'extra_repeats = "ten"\n', UNIT, "extra_repeats", 6,
+                 "extra_repeats must be a whole number, got 'ten'", id="text-extra-repeats"),
     pytest.param(PROBE + 'cost = "cheap"\n', UNIT, "cost", 6, "got 'cheap'", id="text-cost"),
     pytest.param(PROBE + "cost = true\n", UNIT, "cost", 6, "got true", id="boolean-cost"),
     # probe: covers and files
@@ -432,6 +439,10 @@ def test_it_parses_a_complete_manifest() -> None:
 def test_defaults_follow_the_layer(layer: str, repeat: int) -> None:
     probe = parse_manifest(_replace(PROBE, "layer", f'layer = "{layer}"')).probes[0]
     assert probe.repeat == repeat
+    # No warm-up executions (the samples show a first-run outlier); extra repeats that may
+    # decide an inconclusive comparison: twice the repeats where samples are compared.
+    assert probe.warmup == 0
+    assert probe.extra_repeats == (10 if repeat == 5 else 0)
     assert (probe.cost, probe.timeout, probe.covers) == (1, 600.0, ("**",))
     assert (probe.variants, probe.compare, probe.requires, probe.files) == ({}, (), (), ())
     assert (probe.measure, probe.always) == ("wall", False)
@@ -492,6 +503,16 @@ def test_compare_is_one_table_or_an_array_of_them(
     compare: str, expected: tuple[Compare, ...],
 ) -> None:
     assert parse_manifest(PROBE + VARIANTS + compare).probes[0].compare == expected
+
+
+@pytest.mark.parametrize(("lines", "extra"), [
+    ("repeat = 20\n", 40), ("repeat = 80\n", 100), ("extra_repeats = 0\n", 0),
+    ("extra_repeats = 3\n", 3), ("repeat = 7\nextra_repeats = 100\n", 100),
+])
+def test_the_extra_repeat_budget_is_stated_or_follows_the_repeats(lines: str, extra: int
+                                                                  ) -> None:
+    text = _replace(PROBE, "layer", 'layer = "performance"') + lines
+    assert parse_manifest(text).probes[0].extra_repeats == extra
 
 
 def test_an_explicit_repeat_wins_over_the_layer_default() -> None:

@@ -25,6 +25,7 @@ from django.core.management import call_command
 
 from infraops.experiments import accelerators, sandbox
 from infraops.experiments import services as experiments
+from infraops.experiments.analysis import LookState
 from infraops.experiments.services import experiment_execute
 from infraops.models import Experiment, Goal, Target
 from reviews.gate import ProbeFact
@@ -66,6 +67,10 @@ def example(name: str) -> tuple[Target, Goal]:
 def replayed(target: Target, goal: Goal, candidate: str, configurations: dict[str, str],
              monkeypatch: Any) -> Experiment:
     monkeypatch.setattr(experiments.sandbox, "sandbox_run", replaying(configurations))
+    # The recordings hold the planned repeats a side and no more: the replay takes no extra
+    # look and no repeat in place of a first-run outlier (the analysis still judges them).
+    monkeypatch.setattr(experiments, "look_state",
+                        lambda *args: LookState(first_run_outlier=False, more_would_decide=False))
     monkeypatch.setattr(accelerators, "gpu_devices", lambda patterns=None: H200_NODES)
     experiment = Experiment.objects.create(  # no GPU worker to send it to: run here
         target=target, candidate_commit=candidate, baseline_commit=target.manifest_commit,

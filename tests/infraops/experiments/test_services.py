@@ -115,28 +115,139 @@ def test_an_experiment_on_a_candidate_commit_succeeds(finished_experiment: Exper
 def test_probe_executions_interleave_the_sides_in_abba_order(
     finished_experiment: Experiment,
 ) -> None:
-    everything = list(finished_experiment.executions.order_by("id"))
+    executions = list(finished_experiment.executions.order_by("id"))
 
-    # latency-bench: one warm-up a side (the default), then repeat = 5, two sides.
-    warmups, executions = everything[:2], everything[2:]
-    assert [(e.side, e.repeat_index, e.is_warmup) for e in warmups] == [
-        ("baseline", -1, True), ("candidate", -1, True)]
-    assert len(executions) == 10 and not any(e.is_warmup for e in executions)
+    # latency-bench: no warm-up (the default), repeat = 5, two sides; under load a look of
+    # extra repeats (10 more a side at most, in two stages) may follow, and one more repeat
+    # when a side's first execution is a first-run outlier.
+    assert not any(e.is_warmup for e in executions)
+    repeats = len(executions) // 2
+    assert repeats in (5, 6, 10, 11, 15, 16)
     # ABBA: the side that goes first alternates per repeat, so an order effect cancels out.
     abba = ["baseline", "candidate", "candidate", "baseline"]
-    assert [e.side for e in executions] == (abba * 3)[:10]
-    assert [e.repeat_index for e in executions] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
-    # Every execution's seed is stored; the warm-ups ran under a second one.
+    assert [e.side for e in executions] == (abba * repeats)[:2 * repeats]
+    assert [e.repeat_index for e in executions] == [i // 2 for i in range(2 * repeats)]
+    # Every execution's seed is stored: one for all the samples.
     seeds = {e.seed for e in executions}
     assert len(seeds) == 1 and None not in seeds
-    assert {e.seed for e in warmups} != seeds and len({e.seed for e in warmups}) == 1
     assert {e.probe for e in executions} == {"latency-bench"}
     assert all(e.reason == "ok" and e.exit_code == 0 for e in executions)
     assert all(e.attempt == 1 for e in executions)
     assert "batch_size=2" in executions[0].stdout
     assert "batch_size=8" in executions[1].stdout
-    # A warm-up's metrics are never samples: five a side, not six.
+
+
+def test_a_warm_up_the_probe_asks_for_runs_first_under_a_second_seed(
+    tmp_path: Path, example_source: Path, db: None,
+    request_experiment: Callable[..., Experiment],
+) -> None:
+    target = register_variant(tmp_path, example_source, "warmed",
+                              repeat="5\nwarmup = 1\nextra_repeats = 0")
+    result = experiment_execute(experiment_id=request_experiment(target).pk, worker=WORKER)
+
+    assert result is not None and result.status == Experiment.Status.SUCCEEDED
+    everything = list(result.executions.order_by("id"))
+    warmups, executions = everything[:2], everything[2:]
+    assert [(e.side, e.repeat_index, e.is_warmup) for e in warmups] == [
+        ("baseline", -1, True), ("candidate", -1, True)]
+    assert [e.repeat_index for e in executions][:10] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert not any(e.is_warmup for e in executions)
+    seeds = {e.seed for e in executions}
+    assert {e.seed for e in warmups} != seeds and len({e.seed for e in warmups}) == 1
+    # A warm-up's metrics are never samples.
     assert not Sample.objects.filter(execution__in=warmups).exists()
+
+
+# A probe whose value is its batch size (the candidate's is 8, the baseline's 2), a little
+# more each repeat; LOADED_PROBE hits one baseline execution with load, FIRST_RUN_PROBE makes
+# a fresh checkout's first run pay for a cache it leaves in the tree (as bytecode is).
+PROBE_HEAD = """import json, os, pathlib, re
+batch = int(re.search(r"(?m)^batch_size = (\\d+)$",
+                      pathlib.Path("config/serving.toml").read_text()).group(1))
+repeat = int(os.environ["INFRAOPS_REPEAT"])
+value = batch * (1 + 0.001 * repeat)
+"""
+PROBE_TAIL = """with open(os.environ["INFRAOPS_OUT"] + "/metrics.jsonl", "w") as out:
+    out.write(json.dumps({"name": "latency_ms", "value": value}) + "\\n")
+"""
+LOADED_PROBE = PROBE_HEAD + """if batch == 2 and repeat == 2:
+    value *= 20  # the baseline's third execution, hit by load: it outranks every candidate
+""" + PROBE_TAIL
+FIRST_RUN_PROBE = PROBE_HEAD + """cache = pathlib.Path("__pycache__/first-run-paid")
+if not cache.exists():
+    value *= 1.2
+    cache.parent.mkdir(exist_ok=True)
+    cache.touch()
+""" + PROBE_TAIL
+
+
+def run_scripted(tmp_path: Path, source: Path, name: str, script: str,
+                 request_experiment: Callable[..., Experiment]) -> Experiment:
+    (source / "bench" / "scripted.py").write_text(script)
+    target = register_variant(tmp_path, source, name, command='"python3 bench/scripted.py"')
+    result = experiment_execute(experiment_id=request_experiment(target).pk, worker=WORKER)
+    assert result is not None and result.status == Experiment.Status.SUCCEEDED, (
+        result and result.failure_reason)
+    return result
+
+
+def latency_comparison(experiment: Experiment) -> dict:
+    [finding] = [f for f in experiment.feedback["findings"] if f["kind"] == "perf-comparison"]
+    return finding
+
+
+def test_a_regression_one_loaded_execution_hides_is_decided_by_extra_repeats(
+    tmp_path: Path, example_source: Path, db: None,
+    request_experiment: Callable[..., Experiment],
+) -> None:
+    result = run_scripted(tmp_path, example_source, "loaded", LOADED_PROBE, request_experiment)
+
+    finding = latency_comparison(result)
+    comparison = finding["evidence"]["comparison"]
+    # Five a side could not call it (the loaded execution outranks every candidate), nor ten;
+    # the last look of the default budget (10 more a side) does.
+    assert comparison["verdict"] == "regressed", finding["detail"]
+    assert (comparison["look"], comparison["looks"], comparison["n_baseline"]) == (3, 3, 15)
+    assert "look 3 of 3 (15 a side" in finding["detail"]
+    executions = list(result.executions.order_by("id"))
+    assert [e.repeat_index for e in executions] == [i // 2 for i in range(30)]
+    abba = ["baseline", "candidate", "candidate", "baseline"]
+    assert [e.side for e in executions] == (abba * 8)[:30]  # the extra repeats interleave too
+
+
+def test_no_extra_repeats_when_the_probe_states_no_budget(
+    tmp_path: Path, example_source: Path, db: None,
+    request_experiment: Callable[..., Experiment],
+) -> None:
+    (example_source / "bench" / "scripted.py").write_text(LOADED_PROBE)
+    target = register_variant(tmp_path, example_source, "loaded-no-budget",
+                              command='"python3 bench/scripted.py"',
+                              repeat="5\nextra_repeats = 0")
+    result = experiment_execute(experiment_id=request_experiment(target).pk, worker=WORKER)
+
+    assert result is not None and result.executions.count() == 10
+    assert latency_comparison(result)["evidence"]["comparison"]["verdict"] == "inconclusive"
+
+
+def test_a_first_run_outlier_is_left_out_and_replaced_without_a_warm_up(
+    tmp_path: Path, example_source: Path, db: None,
+    request_experiment: Callable[..., Experiment],
+) -> None:
+    result = run_scripted(tmp_path, example_source, "first-run", FIRST_RUN_PROBE,
+                          request_experiment)
+
+    executions = list(result.executions.order_by("id"))
+    # No warm-up: the first execution of each side, 20% slower, is left out of the samples'
+    # comparison and one more repeat takes its place: six executions a side, not seven.
+    assert not any(e.is_warmup for e in executions)
+    assert [e.repeat_index for e in executions] == [i // 2 for i in range(12)]
+    finding = latency_comparison(result)
+    comparison = finding["evidence"]["comparison"]
+    assert comparison["verdict"] == "regressed", finding["detail"]
+    assert comparison["n_baseline"] == comparison["n_candidate"] == 5
+    assert comparison["baseline_median"] == pytest.approx(2.006)
+    assert "the baseline and candidate's first execution left out: a first-run outlier" in (
+        finding["detail"])
 
 
 def test_samples_are_stored_for_both_sides(finished_experiment: Experiment) -> None:
@@ -764,3 +875,48 @@ def test_a_time_measured_under_the_instruction_counter_is_not_judged_and_says_so
         ("perf-comparison", "count instructions no change"),
         ("not-judged", "count wall_ms not judged")]
     assert "under the instruction counter" in found[1].detail
+
+
+@pytest.mark.parametrize(("measure", "asks"), [("instructions", False), ("wall", True)])
+def test_a_time_the_instrument_distorts_never_asks_for_extra_repeats(measure: str, asks: bool
+                                                                     ) -> None:
+    from infraops.experiments.analysis import look_state
+    from infraops.feedback.samples import SampleRow
+    from infraops.manifest import parse_manifest
+
+    [probe] = parse_manifest('[[probe]]\nname = "count"\nlayer = "performance"\n'
+                             f'command = "x"\nmetrics = ["wall_ms"]\nmeasure = "{measure}"\n'
+                             ).probes
+    # A 3x slower wall time that one slow baseline run hides from five repeats a side.
+    values = {"baseline": [900.0, 905, 3100, 902, 910], "candidate": [2700.0, 2710, 2690, 2705,
+                                                                       2720]}
+    rows = [SampleRow(probe="count", side=side, variant="", metric="wall_ms", value=value,
+                      execution=2 * index + (side == "candidate") + 1)
+            for side, series in values.items() for index, value in enumerate(series)]
+    rows += [SampleRow(probe="count", side=side, variant="", metric="instructions", value=1e9,
+                       execution=2 * index + (side == "candidate") + 1)
+             for side in values for index in range(5)]
+
+    state = look_state(Experiment(pk=1), probe, "", rows)
+
+    # Under the instruction counter only the counts are judged, and they are equal.
+    assert state.more_would_decide is asks
+    assert not state.first_run_outlier
+
+
+@pytest.mark.parametrize(("metric", "asks"), [("rel_error", False), ("merge_us", True)])
+def test_only_a_speed_asks_for_extra_repeats(metric: str, asks: bool) -> None:
+    from infraops.experiments.analysis import look_state
+    from infraops.feedback.samples import SampleRow
+    from infraops.manifest import parse_manifest
+
+    [probe] = parse_manifest('[[probe]]\nname = "merge"\nlayer = "performance"\n'
+                             f'command = "x"\nmetrics = ["{metric}"]\nrepeat = 3\n').probes
+    # A 100-fold fall that three repeats a side cannot call (p >= 0.1 at best): for an
+    # error that is the fix, settled by the goal's criteria; a time is worth more repeats.
+    values = {"baseline": [1e-2, 1.01e-2, 0.99e-2], "candidate": [1e-4, 1.01e-4, 0.99e-4]}
+    rows = [SampleRow(probe="merge", side=side, variant="", metric=metric, value=value,
+                      execution=2 * index + (side == "candidate") + 1)
+            for side, series in values.items() for index, value in enumerate(series)]
+
+    assert look_state(Experiment(pk=1), probe, "", rows).more_would_decide is asks

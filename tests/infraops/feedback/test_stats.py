@@ -13,7 +13,14 @@ import numpy as np
 import pytest
 
 from infraops.feedback import stats
-from infraops.feedback.stats import compare, parse_callgrind_total, parse_perf_stat_instructions
+from infraops.feedback.stats import (
+    IMPROVED,
+    INCONCLUSIVE,
+    REGRESSED,
+    compare,
+    parse_callgrind_total,
+    parse_perf_stat_instructions,
+)
 
 TRIALS = 200
 
@@ -346,3 +353,107 @@ def test_values_that_differ_are_not_called_mostly_equal():
     assert "an outlier widens the interval" in result.advice
     equal = compare([100.0] * 5 + [90.0, 110.0], [103.0] * 5 + [93.0, 113.0])
     assert "most values equal" in equal.advice
+
+
+# --- the sequential procedure and the first-run guard (issue 26, item 3) ---------------------
+
+LOADED = [1.00, 1.03, 4.10, 0.98, 1.02]  # the third baseline execution hit by load
+SLOWER = [3.05, 2.97, 3.02, 3.10, 2.95]
+
+
+def test_one_loaded_baseline_execution_leaves_five_a_side_inconclusive():
+    # What issue 26 saw: a 3x regression, and the loaded execution outranks every candidate.
+    assert compare(LOADED, SLOWER).verdict == INCONCLUSIVE
+
+
+def test_extra_repeats_decide_a_3x_regression_that_one_loaded_execution_hid():
+    plan = stats.looks(5, 10)
+    rng = np.random.default_rng(7)
+    base = LOADED + list(rng.uniform(0.97, 1.03, 10))
+    cand = SLOWER + list(rng.uniform(2.9, 3.1, 10))
+
+    first = stats.sequential_compare(base[:5], cand[:5], plan=plan)
+    assert first.verdict == INCONCLUSIVE and first.look == 1
+    assert stats.more_would_decide(first, plan)  # a large effect, one outlier: worth repeats
+    second = stats.sequential_compare(base[:10], cand[:10], plan=plan)
+    assert second.verdict == INCONCLUSIVE and second.look == 2  # it still outranks them all
+    assert stats.more_would_decide(second, plan)
+    done = stats.sequential_compare(base, cand, plan=plan)
+    assert done.verdict == REGRESSED
+    assert (done.look, done.looks, done.n_baseline) == (3, 3, 15)
+    assert done.alpha == pytest.approx(stats.look_levels(3, 0.01)[2])
+    assert "look 3 of 3 (15 a side" in done.sequence
+
+
+def test_the_looks_spend_at_most_alpha_and_the_first_can_still_decide_at_five():
+    assert stats.looks(5, 0) == (5,)
+    assert stats.looks(5, 10) == (5, 10, 15)
+    assert stats.looks(20, 1) == (20, 21)
+    assert stats.look_levels(1, 0.01) == (0.01,)
+    levels = stats.look_levels(3, 0.01)
+    assert sum(levels) == pytest.approx(0.01) and all(level > 0 for level in levels)
+    assert levels[0] > 2 / 252  # five a side, completely separated, is p = 2/252
+    assert stats.sequential_compare([1.0, 1.01, 0.99, 1.02, 0.98], SLOWER,
+                                    plan=(5, 10, 15)).verdict == REGRESSED
+
+
+def test_the_sequential_procedure_keeps_false_alarms_under_the_level():
+    rng = np.random.default_rng(11)
+    plan = stats.looks(5, 10)
+    alarms = 0
+    for trial in range(300):
+        base, cand = (list(rng.lognormal(0.0, 0.2, 15)) for _ in range(2))
+        result = stats.sequential_compare(base[:5], cand[:5], plan=plan, seed=trial)
+        for n in plan[1:]:  # the runner's looks: more only while the data say it may decide
+            if not stats.more_would_decide(result, plan):
+                break
+            result = stats.sequential_compare(base[:n], cand[:n], plan=plan, seed=trial)
+        alarms += result.verdict in (IMPROVED, REGRESSED)
+    assert alarms <= 3  # 0.01 of 300
+
+
+def test_a_small_effect_in_wide_noise_is_not_worth_the_extra_repeats():
+    rng = np.random.default_rng(3)
+    base, cand = list(rng.lognormal(0.0, 0.2, 5)), list(rng.lognormal(0.02, 0.2, 5))
+    result = stats.sequential_compare(base, cand, plan=(5, 10, 15))
+    assert result.verdict == INCONCLUSIVE
+    assert not stats.more_would_decide(result, (5, 10, 15))
+
+
+def test_a_last_look_or_a_decided_one_asks_for_nothing_more():
+    decided = stats.sequential_compare([1.0, 1.01, 0.99, 1.02, 0.98], SLOWER, plan=(5, 10))
+    assert not stats.more_would_decide(decided, (5, 10))
+    last = stats.sequential_compare(LOADED, SLOWER, plan=(5,))
+    assert last.verdict == INCONCLUSIVE and not stats.more_would_decide(last, (5,))
+
+
+@pytest.mark.parametrize(("values", "direction", "outlier"), [
+    # A fresh checkout's first run compiles bytecode: +3.6% instructions, noise 0.03%.
+    ([1.036e9, 1.0001e9, 0.9998e9, 1.0002e9, 0.9999e9], "minimize", True),
+    ([1.036e9, 1e9, 1e9, 1e9, 1e9], "minimize", True),  # deterministic counts
+    # Wall time at 20% noise: a first run 30% slower is noise, not a first-run outlier.
+    ([1.3, 1.0, 1.25, 0.8, 1.1], "minimize", False),
+    ([0.9, 1.0, 1.001, 0.999, 1.0], "minimize", False),  # better is not a first-run cost
+    ([0.9, 1.0, 1.001, 0.999, 1.0], "maximize", True),  # a throughput's first run is lower
+    ([1.5, 1.0, 1.0, 1.0], "minimize", True),
+    ([1.036e9, 1.0001e9, 0.9998e9], "minimize", True),  # repeat = 3 is guarded too
+    ([1.5, 1.0], "minimize", False),  # too few later runs to judge the first
+])
+def test_a_first_run_outlier_is_worse_than_every_later_run_by_far(values, direction, outlier):
+    assert stats.first_run_outlier(values, direction) is outlier
+
+
+def test_a_first_run_outlier_is_left_out_and_said():
+    counts = [1.036e9, 1.0001e9, 0.9998e9, 1.0002e9, 0.9999e9, 1.0000e9]
+    slower = [c * 1.015 for c in counts]
+
+    result = stats.sequential_compare(counts, slower, plan=(5,))
+
+    assert result.verdict == REGRESSED  # with the first runs kept, 5 a side cannot decide it
+    assert compare(counts[:5], slower[:5]).verdict == INCONCLUSIVE
+    assert result.n_baseline == result.n_candidate == 5
+    assert result.baseline_median == pytest.approx(1.0e9, rel=1e-3)
+    assert result.sequence == ("the baseline and candidate's first execution left out: a "
+                               "first-run outlier")
+    # Judged on the planned look's values only, so the runner and the analysis agree.
+    assert stats.sequential_compare(counts[:5], slower[:5], plan=(5,)).n_baseline == 4
