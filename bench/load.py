@@ -1,14 +1,22 @@
-"""HTTP load on one web process: 30 signed-in clients on the dashboard and a run page.
+"""HTTP load on one web process: 30 signed-in clients on the five pages a reviewer reads
+while runs stream.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres REDIS_URL=redis://127.0.0.1:6379/10 \
-        .venv/bin/python bench/load.py [--requests 1200] [--clients 30] [--database infraops_load]
+        .venv/bin/python bench/load.py [--requests 1200] [--clients 30] [--stream-rate 10] \
+        [--database infraops_load]
 
 It creates (and drops) its own database (--database, `infraops_load` unless told) on
-DATABASE_URL's server, with the
-example target, a signed-in engineer and a run with steps and events; starts one uvicorn (as
-`manage.py standalone` does) on it; and sends --requests requests from --clients concurrent
-clients (each its own keep-alive connection, one shared session), alternating the dashboard and
-the run page. A smoke run (seconds; it runs, the figures mean little): --requests 40 --clients 4.
+DATABASE_URL's server, with the example target, a signed-in engineer, two running runs with
+steps and events, a finished experiment (its executions, 300 output rows, feedback with
+findings, A/B distributions of three metrics and a four-thread timeline) and a change of the
+serving configuration waiting for review (a real commit in the clone, with that experiment and
+a line comment); starts one uvicorn (as `manage.py standalone` does) on it; and sends
+--requests requests from --clients concurrent clients (each its own keep-alive connection, one
+shared session), each request the next of the five pages in turn: the dashboard, a run page,
+the experiment page, the review queue and the change page, while --stream-rate log lines a
+second are appended to each run through the product's own append. After the load one client
+reads each page alone for its web CPU per request. A smoke run (seconds; it runs, the figures
+mean little): --requests 40 --clients 4.
 
 History on this machine class (2 cores): 30 clients on one web process gave a p95 of 1.5 s and
 29% 500s ('too many clients': every request thread kept its own connection); a connection
@@ -21,12 +29,21 @@ page's main object with its relations: infraops/reads.py) and server-side prepar
 (PostgreSQL's planning of the joined reads had competed for the second core): 0.24-0.29 s at
 150-180 requests/s, 5.2-6.2 ms of web CPU a request.
 
-Figures: http_p95_ms_30_clients (target <= 300) and http_error_rate_30_clients (target 0: any
-status but 200, or no answer); to tell where time goes: http_median_ms_30_clients,
-http_p95_ms_dashboard and http_p95_ms_run_page (each page's own), http_throughput_rps,
-web_cpu_ms_per_request (the web process's CPU time over the load, per
-request: what the pages cost it, whatever else the machine runs), db_connections_peak (the web
-process's connections, sampled every 50 ms),
+Issue 28 put the five pages under the load: the experiment and change pages cost 123-127 ms of
+web CPU a request (plotly figures built on every read, the record and output rendered again,
+git run four times for an open change's gate) against 10-14 for the others. Their finished
+parts rendered once per process (infraops/fragments.py), the change read in one prepared
+statement, git asked once per pair of commits and the gate written only when it moves: see
+docs/reliability.md, row P1, for the figures.
+
+Figures: http_p95_ms_30_clients (target <= 300 on a quiet machine) and
+http_error_rate_30_clients (target 0: any status but 200, or no answer); to tell where time
+goes: http_median_ms_30_clients, http_p95_ms_<page> (each page's own: dashboard, run_page,
+experiment_page, queue_page, change_page), http_throughput_rps, web_cpu_ms_per_request (the
+web process's CPU time over the load, per request: what the pages cost it, whatever else the
+machine runs), web_cpu_ms_per_request_<page> (one client reading that page alone after the
+load), streamed_lines_per_s, db_connections_peak (the web process's connections, sampled every
+50 ms),
 db_connections_after (2 s after the load), and the load average around the run (the machine
 has 2 cores and may be running a CI suite as well).
 """
