@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django import forms
 from django.contrib import messages
-from django.core.cache import caches
 from django.db import connections, router
 from django.db.models import QuerySet
 from django.db.models.fields.json import KT
 from django.http import HttpResponse
 from django.shortcuts import redirect, render
-from django.template.loader import get_template
-from django.utils.safestring import SafeString, mark_safe
+from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from agents import services
@@ -35,6 +33,7 @@ from infraops.access import (
 )
 from infraops.errors import DomainError
 from infraops.experiments.workers import missing_worker_message
+from infraops.fragments import rendered_once
 from infraops.live import cursor
 from infraops.models import Experiment, Goal, Target
 from infraops.ratelimit import START_RUN, throttled
@@ -297,25 +296,6 @@ def _step_views(steps: QuerySet[Step]) -> list[StepView]:
             for step in steps]
 
 
-def _rendered_once(partial: str, keys: dict[str, int],
-                   fetch: Callable[[set[int]], Iterable[tuple[int, dict[str, Any]]]],
-                   ) -> SafeString:
-    """The rows named by `keys` (cache key -> row id), in their order, each `partial` rendered
-    once per process; `fetch(ids)` gives the context of each row not rendered yet. Only for
-    rows whose key names everything they show."""
-    fragments = caches["fragments"]
-    rows = fragments.get_many(list(keys))
-    missing = {row for key, row in keys.items() if key not in rows}
-    if missing:
-        template = get_template(partial)
-        key_of = {row: key for key, row in keys.items()}
-        fresh = {key_of[row]: template.render(context) for row, context in fetch(missing)}
-        fragments.set_many(fresh)
-        rows |= fresh
-    # Each row is the partial's own output, escaped where it shows data.
-    return mark_safe("".join(rows.get(key, "") for key in keys))  # noqa: S308  # nosec
-
-
 def _event_rows(run: AgentRun, after: int) -> SafeString:
     """The log's rows after `after`, each the `run-event` partial rendered once per process.
 
@@ -331,7 +311,7 @@ def _event_rows(run: AgentRun, after: int) -> SafeString:
         return ((event.seq, {"event": event}) for event in events if event.seq in seqs)
 
     keys = {f"{prefix}{seq}": seq for seq in range(after + 1, run.event_seq + 1)}
-    return _rendered_once("agents/run.html#run-event", keys, fetch)
+    return rendered_once("agents/run.html#run-event", keys, fetch)
 
 
 # What a step's row key names, by number: a literal statement (bandit, B608) rather than the
@@ -355,7 +335,7 @@ def _step_rows(run: AgentRun) -> SafeString:
 
     keys = {f"run-step:{pk}:{created}:{experiment}:{status}": pk
             for pk, experiment, status in shown}
-    return _rendered_once("agents/run.html#run-step", keys, fetch)
+    return rendered_once("agents/run.html#run-step", keys, fetch)
 
 
 def run_detail(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:

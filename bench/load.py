@@ -1,14 +1,22 @@
-"""HTTP load on one web process: 30 signed-in clients on the dashboard and a run page.
+"""HTTP load on one web process: 30 signed-in clients on the five pages a reviewer reads
+while runs stream.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres REDIS_URL=redis://127.0.0.1:6379/10 \
-        .venv/bin/python bench/load.py [--requests 1200] [--clients 30] [--database infraops_load]
+        .venv/bin/python bench/load.py [--requests 1200] [--clients 30] [--stream-rate 10] \
+        [--database infraops_load]
 
 It creates (and drops) its own database (--database, `infraops_load` unless told) on
-DATABASE_URL's server, with the
-example target, a signed-in engineer and a run with steps and events; starts one uvicorn (as
-`manage.py standalone` does) on it; and sends --requests requests from --clients concurrent
-clients (each its own keep-alive connection, one shared session), alternating the dashboard and
-the run page. A smoke run (seconds; it runs, the figures mean little): --requests 40 --clients 4.
+DATABASE_URL's server, with the example target, a signed-in engineer, two running runs with
+steps and events, a finished experiment (its executions, 300 output rows, feedback with
+findings, A/B distributions of three metrics and a four-thread timeline) and a change of the
+serving configuration waiting for review (a real commit in the clone, with that experiment and
+a line comment); starts one uvicorn (as `manage.py standalone` does) on it; and sends
+--requests requests from --clients concurrent clients (each its own keep-alive connection, one
+shared session), each request the next of the five pages in turn: the dashboard, a run page,
+the experiment page, the review queue and the change page, while --stream-rate log lines a
+second are appended to each run through the product's own append. After the load one client
+reads each page alone for its web CPU per request. A smoke run (seconds; it runs, the figures
+mean little): --requests 40 --clients 4.
 
 History on this machine class (2 cores): 30 clients on one web process gave a p95 of 1.5 s and
 29% 500s ('too many clients': every request thread kept its own connection); a connection
@@ -21,12 +29,21 @@ page's main object with its relations: infraops/reads.py) and server-side prepar
 (PostgreSQL's planning of the joined reads had competed for the second core): 0.24-0.29 s at
 150-180 requests/s, 5.2-6.2 ms of web CPU a request.
 
-Figures: http_p95_ms_30_clients (target <= 300) and http_error_rate_30_clients (target 0: any
-status but 200, or no answer); to tell where time goes: http_median_ms_30_clients,
-http_p95_ms_dashboard and http_p95_ms_run_page (each page's own), http_throughput_rps,
-web_cpu_ms_per_request (the web process's CPU time over the load, per
-request: what the pages cost it, whatever else the machine runs), db_connections_peak (the web
-process's connections, sampled every 50 ms),
+Issue 28 put the five pages under the load: the experiment and change pages cost 123-127 ms of
+web CPU a request (plotly figures built on every read, the record and output rendered again,
+git run four times for an open change's gate) against 10-14 for the others. Their finished
+parts rendered once per process (infraops/fragments.py), the change read in one prepared
+statement, git asked once per pair of commits and the gate written only when it moves: see
+docs/reliability.md, row P1, for the figures.
+
+Figures: http_p95_ms_30_clients (target <= 300 on a quiet machine) and
+http_error_rate_30_clients (target 0: any status but 200, or no answer); to tell where time
+goes: http_median_ms_30_clients, http_p95_ms_<page> (each page's own: dashboard, run_page,
+experiment_page, queue_page, change_page), http_throughput_rps, web_cpu_ms_per_request (the
+web process's CPU time over the load, per request: what the pages cost it, whatever else the
+machine runs), web_cpu_ms_per_request_<page> (one client reading that page alone after the
+load), streamed_lines_per_s, db_connections_peak (the web process's connections, sampled every
+50 ms),
 db_connections_after (2 s after the load), and the load average around the run (the machine
 has 2 cores and may be running a CI suite as well).
 """
@@ -45,6 +62,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import psutil
@@ -83,8 +101,10 @@ def connections_of(database: str) -> int:
     return int(row[0]) if row else 0
 
 
-def setup(data: Path, database: str) -> tuple[dict[str, str], int]:
-    """The database with the example target, a user and a run; the web process's env."""
+def setup(data: Path, database: str) -> tuple[dict[str, str], dict[str, str], list[int]]:
+    """The database with the example target, a signed-in engineer and what a reviewer reads:
+    two runs that stream, a finished experiment with its feedback, a change waiting for
+    review. The web process's env, each page's address by name, the streaming runs."""
     env = os.environ | {
         "DATABASE_URL": _database(database, create=True), "INFRAOPS_DATA": str(data),
         "DJANGO_SETTINGS_MODULE": "infraops.project.settings", "PYTHONUNBUFFERED": "1",
@@ -98,7 +118,6 @@ def setup(data: Path, database: str) -> tuple[dict[str, str], int]:
     from django.contrib.auth.models import Group, User
     from django.core.management import call_command
 
-    from agents.models import AgentRun, RunEvent, Step
     from infraops.models import Goal
 
     call_command("migrate", verbosity=0)
@@ -108,9 +127,25 @@ def setup(data: Path, database: str) -> tuple[dict[str, str], int]:
     # the pages pay for the per-target access check as every member's do.
     call_command("load_example", stdout=open(os.devnull, "w"))  # noqa: SIM115
     goal = Goal.objects.get()
+    runs = [streaming_run(goal, user) for _ in range(2)]
+    experiment = finished_experiment(goal, runs[0])
+    change = waiting_change(goal, user, experiment, data)
+    from django.db import connections
+
+    connections.close_all()
+    pages = {"dashboard": "/", "run_page": f"/runs/{runs[0]}/",
+             "experiment_page": f"/experiments/{experiment}/", "queue_page": "/reviews/",
+             "change_page": f"/reviews/changes/{change}/"}
+    return env, pages, runs
+
+
+def streaming_run(goal: Any, user: Any) -> int:
+    """A running run with 20 steps and 40 events, as a run an hour in has."""
+    from agents.models import AgentRun, RunEvent, Step
+
     run = AgentRun.objects.create(
         goal_version=goal.versions.get(), target=goal.target, policy="tuner",
-        status=AgentRun.Status.PAUSED, started_by=user, base_commit=goal.target.manifest_commit,
+        status=AgentRun.Status.RUNNING, started_by=user, base_commit=goal.target.manifest_commit,
         manifest_sha256=goal.target.manifest_sha256, step_count=20, event_seq=40)
     Step.objects.bulk_create(
         Step(run=run, number=n, summary=f"step {n}: try batch_size={2 ** (n % 6)}",
@@ -118,10 +153,109 @@ def setup(data: Path, database: str) -> tuple[dict[str, str], int]:
              verdict=f"objective {1 - n / 100:.3f}") for n in range(1, 21))
     RunEvent.objects.bulk_create(
         RunEvent(run=run, seq=n, kind="step", message=f"Step {n} done.") for n in range(1, 41))
-    from django.db import connections
+    return int(run.pk)
 
-    connections.close_all()
-    return env, run.pk
+
+REPEATS = 5  # samples a side per probe, after each side's warm-up
+METRICS = (("latency_ms", "ms"), ("throughput_rps", "req/s"), ("instructions", ""))
+
+
+def finished_experiment(goal: Any, run: int) -> int:
+    """A succeeded experiment as the example's probe leaves one: its executions (a warm-up and
+    five repeats a side) with their output, 300 log lines, and feedback with findings, the
+    A/B distributions of three metrics, a criterion's verdict and a four-thread timeline."""
+    import random
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from infraops.models import Experiment, ExperimentLog, ProbeExecution
+
+    rng = random.Random(28)
+    target = goal.target
+    values = {(metric, side): [scale * (1 + rng.gauss(0, 0.02)) for _ in range(REPEATS)]
+              for metric, scale0 in (("latency_ms", 12.0), ("throughput_rps", 80.0),
+                                     ("instructions", 4.1e8))
+              for side, scale in (("baseline", scale0), ("candidate", scale0 * 0.9))}
+    findings: list[dict[str, Any]] = [
+        {"severity": ("pass", "info", "warn")[n % 3], "layer": "performance", "kind": "metric",
+         "title": f"latency-bench {metric} case {n}: -10.0%",
+         "detail": "median 12.0 -> 10.8 ms (95% CI -12.1% to -7.9%)\n5 samples a side",
+         "evidence": {"executions": [2 + n, 8 + n], "probe": "latency-bench"}}
+        for n, (metric, _) in enumerate(METRICS * 4)]
+    criterion = goal.versions.get().spec.get("criteria", [{}])[0]
+    findings.append({"severity": "pass", "layer": "criteria", "kind": "criterion",
+                     "title": criterion.get("description", "latency"), "detail": "-10.0%",
+                     "evidence": {"criterion": criterion.get("id"), "verdict": {
+                         "passed": True, "detail": "-10.0% (95% CI -12.1% to -7.9%)"}}})
+    threads = ["main", "worker-1", "worker-2", "worker-3"]
+    spans = [[t, f"batch {n}", n * 1.0 + t * 0.2, n * 1.0 + t * 0.2 + 0.7]
+             for n in range(50) for t in range(len(threads))]
+    feedback = {
+        "verdict": "improved", "counts": {"pass": 5, "fail": 0, "warn": 4, "info": 4},
+        "findings": findings,
+        "distributions": [{"label": f"latency-bench {metric}", "metric": metric, "unit": unit,
+                           "baseline": values[metric, "baseline"],
+                           "candidate": values[metric, "candidate"]} for metric, unit in METRICS],
+        "timelines": {"latency-bench [default, candidate]": {
+            "threads": threads, "spans": spans, "waits": spans[::7], "idle": [],
+            "overlap": [[n * 1.0 + 0.6, n * 1.0 + 0.9] for n in range(50)], "duration": 50.7}},
+        "next_steps": ["Try batch_size=16 next.", "Confirm on the concurrency probe."],
+        "agent_text": "\n".join(f"{f['severity']}: {f['title']}" for f in findings),
+    }
+    experiment = Experiment.objects.create(
+        target=target, candidate_commit="b" * 40, baseline_commit=target.manifest_commit,
+        status=Experiment.Status.SUCCEEDED, probes=["latency-bench"], attempts=1,
+        started_at=timezone.now() - timedelta(minutes=2), finished_at=timezone.now(),
+        manifest_sha256=target.manifest_sha256, origin=f"run {run}, step 3",
+        criteria=goal.versions.get().spec.get("criteria", []), feedback=feedback,
+        summary={"comparisons": [
+            {"probe": "latency-bench", "variant": "", "metric": metric, "case": "", "unit": unit,
+             "baseline_median": values[metric, "baseline"][2],
+             "candidate_median": values[metric, "candidate"][2], "ratio": 0.9,
+             "baseline_n": REPEATS, "candidate_n": REPEATS} for metric, unit in METRICS]})
+    output = "".join(f"latency_ms {10 + n / 100:.3f}\n" for n in range(60))
+    ProbeExecution.objects.bulk_create(
+        ProbeExecution(experiment=experiment, attempt=1, probe="latency-bench", side=side,
+                       repeat_index=index, seed=1000 + index, exit_code=0, reason="ok",
+                       wall_seconds=1.5, stdout=output, stderr="")
+        for side in ("baseline", "candidate") for index in range(-1, REPEATS))
+    ExperimentLog.objects.bulk_create(
+        ExperimentLog(experiment=experiment, seq=n, execution_label="latency-bench baseline #1",
+                      stream="stdout", text=f"latency_ms {10 + n / 1000:.3f}")
+        for n in range(1, 301))
+    Experiment.objects.filter(pk=experiment.pk).update(log_seq=300)
+    return int(experiment.pk)
+
+
+def waiting_change(goal: Any, user: Any, experiment: int, data: Path) -> int:
+    """A change of the serving configuration (production risk, so it waits for review) with
+    its experiment and a line comment: its page evaluates the gate again on every read, as an
+    open change's page does."""
+    from infraops import gitops
+    from infraops.models import Experiment
+    from reviews.models import ReviewComment
+    from reviews.services import change_submit
+
+    target = goal.target
+    base = gitops.rev_parse(target.clone_path, f"refs/heads/{target.base_branch}")
+    tree = data / "candidate"
+    gitops.worktree_add(target.clone_path, tree, base)
+    (tree / "config/serving.toml").write_text(
+        "# Serving configuration of the tiny engine.\n# Measured: 16 amortises the dispatch "
+        "overhead best.\nbatch_size = 16\nmax_queue = 512\n")
+    head = gitops.commit_all(tree, "Batch by size", author_name="InfraOps agent",
+                             author_email="agent@example.test")
+    gitops.worktree_remove(target.clone_path, tree)
+    assert head is not None
+    change = change_submit(
+        target=target, goal_version=goal.versions.get(),
+        experiment=Experiment.objects.get(pk=experiment), title="Batch requests by size",
+        hypothesis="Bigger batches amortise the dispatch overhead.", evidence={},
+        base_commit=base, head_commit=head, author_label="run 1", requested_by=user)
+    ReviewComment.objects.create(change=change, author=user, path="config/serving.toml",
+                                 line=2, text="Why 16 and not 8?", diff_sha256=change.diff_sha256)
+    return int(change.pk)
 
 
 def start_web(env: dict[str, str], data: Path, port: int) -> subprocess.Popen[bytes]:
@@ -232,10 +366,43 @@ def p95(ordered: list[float]) -> float:
     return ordered[max(0, round(0.95 * len(ordered)) - 1)]
 
 
+def stream(runs: list[int], stop: threading.Event, rate: float) -> int:
+    """Append `rate` log lines a second to each run through the product's own append (one
+    transaction and one notification each) until `stop`, as a run's agent does; the lines
+    appended."""
+    from agents.events import run_events_append
+
+    appended = 0
+    while not stop.wait(1 / rate):
+        for run in runs:
+            run_events_append(run_id=run, entries=[("log", f"line {appended}", None)])
+            appended += 1
+    return appended
+
+
+def web_cpu_per_page(port: int, cookie: str, pid: int, pages: dict[str, str],
+                     count: int) -> dict[str, float]:
+    """Each page's web CPU per request (ms): `count` requests of it from one client, one
+    after the other, the web process's CPU time around them. Load-independent, where the
+    latencies are not: what the page costs, whatever else the machine runs."""
+    web = psutil.Process(pid)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    costs = {}
+    for name, path in pages.items():
+        before = sum(web.cpu_times()[:2])
+        for _ in range(count):
+            request(port, "GET", path, cookie=cookie, conn=conn)
+        costs[name] = (sum(web.cpu_times()[:2]) - before) / count * 1000
+    conn.close()
+    return costs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1200)
     parser.add_argument("--clients", type=int, default=30)
+    parser.add_argument("--stream-rate", type=float, default=10,
+                        help="log lines a second appended to each of the two running runs")
     parser.add_argument("--database", default="infraops_load",
                         help="the database to create (and drop) on DATABASE_URL's server")
     args = parser.parse_args()
@@ -243,7 +410,7 @@ def main() -> None:
     data.chmod(0o755)
     web = None
     try:
-        env, run = setup(data, args.database)
+        env, pages, runs = setup(data, args.database)
         import socket
 
         with socket.socket() as probe:
@@ -251,7 +418,7 @@ def main() -> None:
             port = int(probe.getsockname()[1])
         web = start_web(env, data, port)
         cookie = sign_in(port)
-        paths = ["/", f"/runs/{run}/"]
+        paths = list(pages.values())
         for path in paths:  # each page answers before the load
             status, _, _ = request(port, "GET", path, cookie=cookie)
             if status != 200:
@@ -267,30 +434,44 @@ def main() -> None:
             while not stop.wait(0.05):
                 peak = max(peak, connections_of(args.database))
 
-        sampler = threading.Thread(target=sample, daemon=True)
+        streamed = 0
+
+        def streamer() -> None:
+            nonlocal streamed
+            streamed = stream(runs, stop, args.stream_rate)
+
+        helpers = [threading.Thread(target=sample, daemon=True),
+                   threading.Thread(target=streamer, daemon=True)]
         load_before = os.getloadavg()
         web_cpu = psutil.Process(web.pid)
         cpu_before = sum(web_cpu.cpu_times()[:2])
-        sampler.start()
+        for helper in helpers:
+            helper.start()
         by_path, errors, wall = load(port, cookie, paths, args.requests, args.clients)
         cpu_spent = sum(web_cpu.cpu_times()[:2]) - cpu_before
         stop.set()
-        sampler.join()
+        for helper in helpers:
+            helper.join()
         load_after = os.getloadavg()
         time.sleep(2)
         after = connections_of(args.database)
+        per_page = web_cpu_per_page(port, cookie, web.pid, pages,
+                                    max(5, args.requests // 40))
 
         latencies = sorted(value for values in by_path.values() for value in values)
         suffix = f"{args.clients}_clients"
         figure(f"http_p95_ms_{suffix}", p95(latencies) * 1000, "ms")
         figure(f"http_error_rate_{suffix}", errors / len(latencies), "ratio")
         figure(f"http_median_ms_{suffix}", statistics.median(latencies) * 1000, "ms")
-        for name, path in zip(("dashboard", "run_page"), paths, strict=True):
+        for name, path in pages.items():
             figure(f"http_p95_ms_{name}", p95(sorted(by_path[path])) * 1000, "ms")
         figure("http_throughput_rps", len(latencies) / wall, "requests/s")
         figure("web_cpu_ms_per_request", cpu_spent / len(latencies) * 1000, "ms")
+        for name, cost in per_page.items():
+            figure(f"web_cpu_ms_per_request_{name}", cost, "ms")
         figure("db_connections_peak", peak, "connections")
         figure("db_connections_after", after, "connections")
+        figure("streamed_lines_per_s", streamed / wall, "lines/s")
         print(f"requests: {len(latencies)} ({args.clients} clients, pages {', '.join(paths)}); "
               f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
               f"on {os.cpu_count()} cores", flush=True)

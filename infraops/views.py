@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.template.loader import render_to_string
+from django.utils.safestring import SafeString
 
-from infraops.access import get_visible_or_404, target_roles
+from infraops.access import get_visible_or_404, read_visible_or_404, target_roles
 from infraops.experiments.services import reproduce_command
 from infraops.experiments.workers import missing_worker_message
-from infraops.feedback.charts import feedback_charts
+from infraops.fragments import charts_html, finished_part, rendered_once
 from infraops.live import cursor
 from infraops.models import Experiment, Target
+from infraops.reads import JoinedRead
 
 
 def target_detail(request: HttpRequest, name: str) -> HttpResponse:
@@ -27,27 +31,69 @@ def target_detail(request: HttpRequest, name: str) -> HttpResponse:
     })
 
 
+# An experiment with its target (the page links it and reads its manifest).
+EXPERIMENT_READ = JoinedRead(Experiment, "target")
+
+
 def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    experiment = get_visible_or_404(Experiment.objects.select_related("target"), request, pk=pk)
+    experiment = read_visible_or_404(EXPERIMENT_READ, request, pk)
     waiting = experiment.status == Experiment.Status.QUEUED
+    return render(request, "infraops/experiment.html", {
+        "experiment": experiment,
+        "worker_warning": missing_worker_message(experiment.queue) if waiting else None,
+        "charts": charts_html(experiment),
+        # ?after=N (the live page fetching what a frame could not carry): the rows after N.
+        "log_rows": _log_rows(experiment, cursor(request.GET.get("after"))),
+    } | _record(experiment))
+
+
+def _record(experiment: Experiment) -> dict[str, Any]:
+    """The context of the page's `record` partial (feedback, comparison, executions): once
+    the experiment has finished, the partial itself, rendered once per process. The
+    executions' reproduce commands follow the target's manifest, which the key names."""
+    finished = finished_part(
+        "record", experiment,
+        lambda: render_to_string("infraops/experiment.html#record", _record_context(experiment)),
+        experiment.target.manifest_sha256)
+    return {"record": finished} if finished is not None else _record_context(experiment)
+
+
+def _record_context(experiment: Experiment) -> dict[str, Any]:
     manifest = experiment.target.manifest()
     executions = []
-    for execution in experiment.executions.order_by("attempt", "id"):
+    for execution in experiment.executions.order_by("attempt", "id").defer("stdout"):
         probe = manifest.probe(execution.probe) if manifest else None
         commit = (experiment.candidate_commit if execution.side == "candidate"
                   else experiment.baseline_commit)
         executions.append({"x": execution, "reproduce": reproduce_command(probe, execution, commit)
                            if probe is not None and execution.seed is not None else ""})
-    return render(request, "infraops/experiment.html", {
-        "experiment": experiment,
-        "worker_warning": missing_worker_message(experiment.queue) if waiting else None,
-        "executions": executions,
-        # ?after=N (the live page fetching what a frame could not carry): the rows after N.
-        "logs": experiment.logs.filter(seq__gt=cursor(request.GET.get("after")))
-                .order_by("seq")[:2000],
-        "charts": feedback_charts(experiment.feedback or {}),
-        "criteria": criteria_rows(experiment),
-    })
+    return {"experiment": experiment, "executions": executions, "charts": charts_html(experiment),
+            "criteria": criteria_rows(experiment)}
+
+
+LOG_ROWS_SHOWN = 2000  # the most probe output rows a page shows at once
+
+
+def _log_rows(experiment: Experiment, after: int) -> SafeString:
+    """The probe output's rows after `after` (at most LOG_ROWS_SHOWN), each the `log-line`
+    partial rendered once per process: a row is written once (infraops.experiments.results)
+    and shows only itself. Which rows there are is one narrow query; a finished experiment's
+    rows are one entry, named by the rows it holds."""
+    seqs = list(experiment.logs.filter(seq__gt=after).order_by("seq")
+                .values_list("seq", flat=True)[:LOG_ROWS_SHOWN])
+    prefix = f"experiment-log:{experiment.pk}:{experiment.created_at.timestamp()}:"
+
+    def fetch(wanted: set[int]) -> Iterable[tuple[int, dict[str, Any]]]:
+        logs = experiment.logs.filter(seq__gte=min(wanted), seq__lte=max(wanted))
+        return ((log.seq, {"log": log}) for log in logs if log.seq in wanted)
+
+    def rows() -> SafeString:
+        keys = {f"{prefix}{seq}": seq for seq in seqs}
+        return rendered_once("infraops/experiment.html#log-line", keys, fetch)
+
+    if not seqs:
+        return SafeString("")
+    return finished_part("log", experiment, rows, after, len(seqs), seqs[-1]) or rows()
 
 
 def criteria_rows(experiment: Experiment) -> list[dict[str, Any]]:

@@ -477,6 +477,11 @@ CACHES: dict[str, dict[str, Any]] = {
     # (a row is well under a kilobyte; the oldest third goes when full).
     "fragments": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                   "LOCATION": "infraops-fragments", "OPTIONS": {"MAX_ENTRIES": 20000}},
+    # Parts of pages that show a finished experiment's record (its charts, feedback, tables and
+    # probe output: infraops/fragments.py): per process, bounded (a part is tens of kilobytes,
+    # a long probe output up to a few megabytes).
+    "experiments": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                    "LOCATION": "infraops-experiments", "OPTIONS": {"MAX_ENTRIES": 300}},
 }
 # The window of the per-user rate limits (seconds); the limits are counted per window.
 RATE_WINDOW_SECONDS = 60

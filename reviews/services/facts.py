@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import re
+from pathlib import Path
 from typing import Any
 
 from infraops import gitops
@@ -82,9 +85,28 @@ def _covering_probes(change: Change) -> tuple[tuple[gate.ProbeFact, ...], str]:
     if manifest is None:
         return (), "; ".join(change.target.manifest_errors) or "no infraops.toml was read"
     try:
-        paths = gitops.changed_paths(change.target.clone_path, change.base_commit,
-                                     change.head_commit)
+        paths = changed_paths(str(change.target.clone_path), change.base_commit,
+                              change.head_commit)
     except gitops.GitError as exc:
         return (), f"the changed paths cannot be listed: {exc}"
     return tuple(gate.ProbeFact(p.name, p.layer, p.cost) for p in manifest.probes
                  if p.layer in gate.CONFIRMING_LAYERS and p.covers_any(paths)), ""
+
+
+FULL_SHA = re.compile(r"[0-9a-f]{40}")
+
+
+def changed_paths(repo: str, base: str, head: str) -> tuple[str, ...]:
+    """gitops.changed_paths, remembered per process when both ends are full commit shas: what
+    two commits differ in never changes. An open change's page evaluates its gate on every
+    read (change_gate_read), and the three git processes this took were most of that."""
+    if FULL_SHA.fullmatch(base) and FULL_SHA.fullmatch(head):
+        return _changed_paths_between_commits(repo, base, head)
+    return tuple(gitops.changed_paths(Path(repo), base, head))
+
+
+@functools.lru_cache(maxsize=4096)
+def _changed_paths_between_commits(repo: str, base: str, head: str) -> tuple[str, ...]:
+    # A GitError (a commit the clone lacks) is raised, not remembered: lru_cache keeps only
+    # what returns.
+    return tuple(gitops.changed_paths(Path(repo), base, head))

@@ -118,9 +118,11 @@ def change_gate_refresh(*, change: Change) -> list[gate.Check]:
     """Evaluate the merge gate on the change's current facts and store the checks."""
     checks = gate.merge_gate(change_facts(change))
     passed = gate.gate_passed(checks)
-    Change.objects.filter(pk=change.pk).update(gate=[c.as_dict() for c in checks],
-                                               gate_passed=passed)
-    change.gate, change.gate_passed = [c.as_dict() for c in checks], passed
+    stored = [c.as_dict() for c in checks]
+    # Written only when it moved: every read of an open change's page refreshes its gate.
+    if (stored, passed) != (change.gate, change.gate_passed):
+        Change.objects.filter(pk=change.pk).update(gate=stored, gate_passed=passed)
+    change.gate, change.gate_passed = stored, passed
     return checks
 
 

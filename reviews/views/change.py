@@ -10,11 +10,12 @@ from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from infraops.access import AuthenticatedHttpRequest, get_visible_or_404
+from infraops.access import AuthenticatedHttpRequest, read_visible_or_404
 from infraops.dbretry import TRANSIENT, retried
 from infraops.errors import DomainError, Forbidden
-from infraops.feedback.charts import feedback_charts
+from infraops.fragments import charts_html
 from infraops.ratelimit import APPROVE, throttled
+from infraops.reads import JoinedRead
 from reviews.diff_render import render_diff
 from reviews.models import Change, ReviewDecision, grants_for_page
 from reviews.services import (
@@ -50,13 +51,16 @@ class CommentForm(forms.Form):
                            label="Comment on this line")
 
 
+# A change with what its page shows of it: target, author, goal and both experiments.
+CHANGE_READ = JoinedRead(Change, "target", "requested_by", "goal_version__goal", "experiment",
+                         "reverify_experiment")
+
+
 def _get_change_for_user(request: AuthenticatedHttpRequest, pk: int, attempt: str = "") -> Change:
     """The change, or 404; an `attempt` (approve, merge…) at a change of a target the user
     does not see is audited as refused, as every other refusal is."""
     try:
-        return get_visible_or_404(
-            Change.objects.select_related("target", "requested_by", "goal_version__goal",
-                                          "experiment", "reverify_experiment"), request, pk=pk)
+        return read_visible_or_404(CHANGE_READ, request, pk)
     except Http404:
         unseen = Change.objects.filter(pk=pk).first() if attempt else None
         if unseen is not None and request.user.is_authenticated:
@@ -93,7 +97,7 @@ def _context(request: AuthenticatedHttpRequest, change: Change, **forms_: Any) -
         "form": forms_.get("form") or DecisionForm(initial={"diff_sha256": change.diff_sha256}),
         "comment_form": forms_.get("comment_form") or CommentForm(),
         "commenting": _commenting(request),
-        "charts": feedback_charts(change.experiment.feedback if change.experiment else {}),
+        "charts": charts_html(change.experiment),
         "runs": change.runs.select_related("goal_version"),
     }
 
