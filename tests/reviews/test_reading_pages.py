@@ -81,7 +81,9 @@ def grow(experiment: Experiment, run: AgentRun, change: Change, user: User, size
 
 # The queries each page reads (a signed-in engineer), whatever it shows: an N+1 that creeps
 # back fails here. Measured on issue 28's branch; lower is welcome, higher needs a reason.
-MOST_QUERIES = {"dashboard": 10, "run": 11, "experiment": 10, "queue": 6, "change": 11}
+# The change page's twelfth: who granted the deciders their rights, and when (issue 27's
+# separation of duties), one read however many decisions it shows.
+MOST_QUERIES = {"dashboard": 10, "run": 11, "experiment": 10, "queue": 6, "change": 12}
 
 
 @pytest.mark.parametrize("page", sorted(MOST_QUERIES))
