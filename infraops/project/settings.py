@@ -284,8 +284,9 @@ try:
     LLM_RETRY_SECONDS = _read("INFRAOPS_LLM_RETRY_SECONDS", "float", 300.0)
     # Seconds one request to the model endpoint may take (connecting, and each wait for the
     # answer's bytes); a step sends one request, so this is the longest an agent worker is
-    # held by an endpoint that accepts and never answers.
-    LLM_TIMEOUT = _read("INFRAOPS_LLM_TIMEOUT", "float", 60.0)
+    # held by an endpoint that accepts and never answers. By default 60 s, or half the task
+    # time limit where that is shorter (a step must end inside its task's limit).
+    LLM_TIMEOUT = _read("INFRAOPS_LLM_TIMEOUT", "float", min(60.0, max(TASK_TIME_LIMIT, 2) / 2))
     # The most one probe execution's sandbox may take (infraops/experiments/sandbox/config.py,
     # SandboxLimits):
     # processes and threads, total memory (its tmpfs files included) and MB added to its work
@@ -378,7 +379,7 @@ try:
     if not 0 <= LLM_RETRY_SECONDS <= 7 * 24 * 3600:
         raise _ConfigError(f"INFRAOPS_LLM_RETRY_SECONDS={LLM_RETRY_SECONDS} must be between 0 "
                            "and a week.")
-    if not 1 <= LLM_TIMEOUT <= min(3600, TASK_TIME_LIMIT / 2):
+    if not 1 <= LLM_TIMEOUT <= min(3600, max(TASK_TIME_LIMIT, 2) / 2):
         raise _ConfigError(f"INFRAOPS_LLM_TIMEOUT={LLM_TIMEOUT} must be from 1 s to an hour "
                            "and at most half of INFRAOPS_TASK_TIME_LIMIT.")
     for _name, _value in (("INFRAOPS_SANDBOX_MAX_PROCESSES", SANDBOX_MAX_PROCESSES),

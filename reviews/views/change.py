@@ -35,8 +35,9 @@ class DecisionForm(forms.Form):
     decision = forms.ChoiceField(choices=ReviewDecision.Decision.choices)
     comment = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
                               max_length=MAX_COMMENT,
-                              label="Comment (goes back to the agent: to its run while it "
-                                    "runs, else as the first message of a follow-up run)")
+                              label="Comment (goes back to the agent)",
+                              help_text="To its run while it runs, else as the first message "
+                                        "of a follow-up run.")
     diff_sha256 = forms.RegexField(regex=SHA256, widget=forms.HiddenInput)
     override_reason = forms.CharField(
         required=False, max_length=MAX_COMMENT, widget=forms.Textarea(attrs={"rows": 2}),

@@ -107,6 +107,18 @@ def test_the_time_limit_variable_drives_every_celery_limit() -> None:
     assert visibility >= 150
 
 
+def test_a_short_time_limit_alone_shortens_the_model_timeout_instead_of_refusing_to_start() -> None:
+    # Only an explicit INFRAOPS_LLM_TIMEOUT past half the limit is refused (the table above).
+    code = "from django.conf import settings; print(settings.LLM_TIMEOUT)"
+    result = manage("shell", "-c", code, INFRAOPS_TASK_TIME_LIMIT="6")
+
+    assert result.returncode == 0, result.stderr
+    assert float(result.stdout.strip().splitlines()[-1]) == 3.0
+    refused = manage("check", INFRAOPS_TASK_TIME_LIMIT="100", INFRAOPS_LLM_TIMEOUT="90")
+    assert refused.returncode == 1
+    assert "at most half of INFRAOPS_TASK_TIME_LIMIT" in refused.stderr
+
+
 def test_the_channel_layer_is_redis_not_in_memory() -> None:
     backend = settings.CHANNEL_LAYERS["default"]["BACKEND"]
     layer = get_channel_layer()
