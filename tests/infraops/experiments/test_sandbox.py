@@ -35,7 +35,7 @@ from infraops.experiments.sandbox import (
     sandbox_run,
     uids,
 )
-from tests.infraops.conftest import Dirs
+from tests.infraops.conftest import Dirs, make_dirs
 
 PYTHON = "/usr/bin/python3"
 # A sleep length no other process on the host uses: unique per test process, since the suite
@@ -55,6 +55,20 @@ def supervisor(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     return str(request.param)
 
 
+@pytest.fixture
+def own_dirs() -> Iterator[Dirs]:
+    """Folders whose runs go as a uid of this test process alone (as root): a test that
+    counts the uid's processes left on the host then never counts another process's run."""
+    made = make_dirs()
+    if IS_ROOT:
+        made.identity = SandboxIdentity(uid=1_900_100_000 + os.getpid(),
+                                        gid=1_900_100_000 + os.getpid())
+        for folder in (made.work, made.out):
+            sandbox_prepare_dir(folder, made.identity)
+    yield made
+    shutil.rmtree(made.base, ignore_errors=True)
+
+
 def limits(**overrides: float) -> SandboxLimits:
     values: dict[str, float] = {
         "wall_seconds": 20.0, "cpu_seconds": 10, "address_space_mb": 1024, "file_size_mb": 64,
@@ -65,6 +79,7 @@ def limits(**overrides: float) -> SandboxLimits:
 
 
 def run(dirs: Dirs, command: str, **kwargs: object) -> SandboxResult:
+    kwargs.setdefault("identity", dirs.identity if IS_ROOT else None)
     spec = SandboxSpec(
         command=command, workdir=dirs.work, out_dir=dirs.out,
         env=kwargs.pop("env", {}),  # type: ignore[arg-type]
@@ -556,19 +571,19 @@ except OSError:
 
 @pytest.mark.xdist_group("shared-sandbox-uid")  # as the bombs of test_sandbox_limits.py
 def test_fork_bomb_is_contained(
-    dirs: Dirs, watch: NamespaceWatch, caplog: pytest.LogCaptureFixture,
+    own_dirs: Dirs, watch: NamespaceWatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    (dirs.work / "bomb.py").write_text(FORK_BOMB)
-    zombies = orphaned_zombies(dirs.identity.uid)
+    (own_dirs.work / "bomb.py").write_text(FORK_BOMB)
+    zombies = orphaned_zombies(own_dirs.identity.uid)
     result = run(
-        dirs, f"readlink /proc/self/ns/pid; {PYTHON} bomb.py {MARKER}",
+        own_dirs, f"readlink /proc/self/ns/pid; {PYTHON} bomb.py {MARKER}",
         limits=limits(processes=20), on_output=watch.on_output,
     )
     assert result.reason == "process-limit", result.stderr
     assert b"Resource temporarily unavailable" in result.stderr
     assert int(result.stdout.split()[-1]) < 20
     assert result.wall_seconds < 10
-    assert_nothing_left(watch, dirs.identity, zombies, caplog)
+    assert_nothing_left(watch, own_dirs.identity, zombies, caplog)
 
 
 def test_memory_hog_is_contained(dirs: Dirs) -> None:
@@ -605,32 +620,32 @@ def test_output_flood_is_capped(dirs: Dirs) -> None:
 
 
 def test_sleep_past_timeout_is_killed_and_no_process_of_the_sandbox_uid_remains(
-    dirs: Dirs, watch: NamespaceWatch, caplog: pytest.LogCaptureFixture,
+    own_dirs: Dirs, watch: NamespaceWatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    zombies = orphaned_zombies(dirs.identity.uid)
+    zombies = orphaned_zombies(own_dirs.identity.uid)
     started = time.monotonic()
     result = run(
-        dirs,
+        own_dirs,
         f"readlink /proc/self/ns/pid; setsid sleep {MARKER} & (sleep {MARKER} &) ; sleep {MARKER}",
         limits=limits(wall_seconds=1), on_output=watch.on_output,
     )
     assert (result.reason, result.exit_code) == ("timeout", None)
     assert result.detail.startswith("killed after 1.")
     assert time.monotonic() - started < 4
-    assert_nothing_left(watch, dirs.identity, zombies, caplog)
+    assert_nothing_left(watch, own_dirs.identity, zombies, caplog)
 
 
 def test_background_processes_do_not_outlive_a_finished_run(
-    dirs: Dirs, watch: NamespaceWatch, caplog: pytest.LogCaptureFixture,
+    own_dirs: Dirs, watch: NamespaceWatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    zombies = orphaned_zombies(dirs.identity.uid)
+    zombies = orphaned_zombies(own_dirs.identity.uid)
     result = run(
-        dirs, f"readlink /proc/self/ns/pid; setsid sleep {MARKER} & sleep 0.2; echo started",
+        own_dirs, f"readlink /proc/self/ns/pid; setsid sleep {MARKER} & sleep 0.2; echo started",
         on_output=watch.on_output,
     )
     assert (result.reason, result.stdout.split()[-1]) == ("ok", b"started")
     assert result.wall_seconds < 5
-    assert_nothing_left(watch, dirs.identity, zombies, caplog)
+    assert_nothing_left(watch, own_dirs.identity, zombies, caplog)
 
 
 SERVICE = """
