@@ -26,7 +26,7 @@ prepare() {
   python3 -m pip download -q --no-deps --require-hashes -d "$carry/wheels" -r requirements-gpu.txt
   (cd "$carry/wheels" && rm -f numpy-* setuptools-* pyyaml-* psutil-* packaging-* six-* idna-* \
     typing_extensions-* tqdm-* click-8* msgpack-* narwhals-* uvloop-* python_dateutil-* \
-    anyio-* h11-* markupsafe-* httptools-* watchfiles-* websockets-* pytest-[0-9]* \
+    anyio-* h11-* markupsafe-* httptools-* watchfiles-* pytest-[0-9]* \
     pluggy-* iniconfig-* pygments-*)
   (cd "$carry/debs" && apt-get download bubblewrap >/dev/null 2>&1)
   du -sh "$carry"

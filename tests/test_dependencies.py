@@ -226,3 +226,43 @@ def test_importing_the_core_package_starts_nothing(module: str) -> None:
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stderr
+
+
+def pinned_names(path: Path) -> set[str]:
+    """The distributions a requirements file pins, normalized (PEP 503)."""
+    names = set()
+    for line in path.read_text().splitlines():
+        found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", line.split("#")[0])
+        if found:
+            names.add(re.sub(r"[-_.]+", "-", found[1]).lower())
+    return names
+
+
+def test_every_package_the_product_imports_is_pinned_by_name() -> None:
+    # A package that only arrives as another's dependency may vanish with that one's next
+    # release, and bench/gpu_device.sh leaves such wheels out of what it carries to a GPU host
+    # (websockets was imported by infraops/consumers.py and pinned nowhere: the GPU standalone
+    # did not start).
+    from importlib.metadata import packages_distributions
+
+    providers = packages_distributions()
+    pinned = pinned_names(ROOT / "requirements.txt") | pinned_names(ROOT / "requirements-gpu.txt")
+    ours = set(LAYERS) | {"tests", "bench"}
+    unpinned: dict[str, str] = {}
+    for module, text in our_sources().items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.partition(".")[0]
+                if top in ours or top in sys.stdlib_module_names or top not in providers:
+                    continue  # ours, the standard library, or not installed here (torch)
+                dists = {re.sub(r"[-_.]+", "-", d).lower() for d in providers[top]}
+                if not dists & pinned:
+                    unpinned.setdefault(top, f"{module} (line {node.lineno})")
+    assert unpinned == {}, "imported but pinned in no requirements file: " + ", ".join(
+        f"{top} by {where}" for top, where in sorted(unpinned.items()))
