@@ -233,7 +233,9 @@ def _in_space(knobs: list[Knob], params: dict[str, str]) -> bool:
 
 def _more_to_try(run: AgentRun, knobs: list[Knob], trials: list[dict[str, Any]],
                  spec: dict[str, Any]) -> bool:
-    if len(trials) >= int(spec["boundary"]["max_experiments"]):
+    # The budget counts experiments run, not trials: the base configuration, drawn by the
+    # search, is a trial that runs none.
+    if experiment_budget_left(run) <= 0:
         return False
     if run.state.get("requested"):
         return True
@@ -431,18 +433,34 @@ def _submit(run: AgentRun, trials: list[dict[str, Any]], spec: dict[str, Any]) -
                            finish=Finish(AgentRun.Status.FINISHED, NOTHING_BEAT_THE_BASE))
     experiment = Experiment.objects.get(pk=best["experiment"])
     improvement = (1 - best["objective"]) * 100
+    missed = _missed_criteria(experiment)
+    # It beat the base, so it is submitted: the gate holds a change that misses a criterion,
+    # and the reviewer reads by how much (a goal may ask more than this hardware gives).
+    misses = (f" It misses {len(missed)} of {len(spec['criteria'])} acceptance criteria "
+              f"({'; '.join(missed)}): the merge gate holds it." if missed else "")
     change = submit_change(
         run, title=f"Tune {shown(best['params'])}",
         hypothesis=(f"Setting {shown(best['params'])} improves {spec['probe']}.{spec['metric']} "
-                    f"({spec['direction']}) by {improvement:.1f}% over the base configuration."),
+                    f"({spec['direction']}) by {improvement:.1f}% over the base configuration."
+                    f"{misses}"),
         experiment=experiment, head_commit=best["commit"], evidence={"trials": trials})
-    text = f"Submitted the best configuration {shown(best['params'])} as change {change.pk}."
+    text = (f"Submitted the best configuration {shown(best['params'])} as change {change.pk}."
+            f"{misses}")
     return StepOutcome(text, "submit_change",
                        _call("submit_change", {"params": best["params"]}, True, text,
                              {"change": change.pk}),
                        record={"params": best["params"]}, result={"change": change.pk},
                        verdict=f"change {change.pk} {change.status}", experiment=experiment.pk,
-                       finish=Finish(AgentRun.Status.SUCCEEDED, _submitted(run, change.pk)))
+                       finish=Finish(AgentRun.Status.SUCCEEDED, _submitted(run, change.pk)
+                                     + (f"; it misses {len(missed)} criteria" if missed else "")))
+
+
+def _missed_criteria(experiment: Experiment) -> list[str]:
+    """The criteria the experiment measured as failed, each with its measurement."""
+    return [f"'{f['evidence']['name']}': {f['evidence']['verdict']['detail']}"
+            for f in experiment.feedback.get("findings", [])
+            if f["layer"] == "criteria" and f["severity"] == "fail"
+            and f.get("kind") == "criterion"]
 
 
 def _submitted(run: AgentRun, change: int) -> str:

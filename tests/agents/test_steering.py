@@ -18,7 +18,8 @@ from agents.policies import tuner
 from agents.scripted.endpoint import OpenAIStub, completion
 from agents.services import run_message_add, run_pause, run_start, run_step
 from infraops import gitops
-from infraops.models import Experiment, Goal
+from infraops.knobs import knob_read
+from infraops.models import Boundary, Experiment, Goal
 from tests.agents.test_llm_runs import call, step
 from tests.factories import ExperimentFactory
 
@@ -141,6 +142,55 @@ def test_a_tuner_run_whose_trials_all_lose_finishes_nothing_beat_the_base(
 
     assert run.status == AgentRun.Status.FINISHED
     assert "nothing beat the base" in run.stop_reason
+
+
+def test_the_base_configuration_drawn_by_the_search_spends_none_of_the_experiment_budget(
+    example_goal: Goal, engineer: User, django_capture_on_commit_callbacks: Any,
+) -> None:
+    Boundary.objects.filter(goal=example_goal).update(max_experiments=1)
+    run = tuner_run(example_goal, engineer, django_capture_on_commit_callbacks)
+    knobs = tuner.turnable(run)
+    base = {k.name: knob_read(k, tuner._base_text(run, k)) for k in knobs}
+    AgentRun.objects.filter(pk=run.pk).update(state={"trials": [
+        {"number": 1, "params": base, "objective": 1.0, "commit": run.base_commit}]})
+    run.refresh_from_db()
+
+    run = tuner_step(run, django_capture_on_commit_callbacks)
+
+    # The base's trial ran no experiment: the one experiment the boundary allows is still there.
+    experiment = run.experiments.get()
+    assert run.waiting_for_id == experiment.pk
+    assert run.state["trials"][1]["params"] != base
+
+
+def test_a_best_configuration_that_misses_a_criterion_is_submitted_saying_which_and_by_how_much(
+    example_goal: Goal, engineer: User, django_capture_on_commit_callbacks: Any,
+) -> None:
+    run = tuner_run(example_goal, engineer, django_capture_on_commit_callbacks)
+    params = {"batch_size": "16"}
+    commit = tuner._commit_configuration(run, tuner.turnable(run), params)
+    miss = "latency-bench.p50_ms vs baseline <= -5.0%: candidate vs baseline -3.43%: misses"
+    experiment = ExperimentFactory(
+        target=run.target, candidate_commit=commit, baseline_commit=run.base_commit,
+        status=Experiment.Status.SUCCEEDED, feedback={"findings": [
+            {"layer": "criteria", "kind": "criterion", "severity": severity,
+             "title": f"criterion '{name}'", "detail": detail, "specificity": 3,
+             "evidence": {"name": name, "verdict": {"detail": detail}}}
+            for severity, name, detail in (("fail", "5% faster", miss),
+                                           ("pass", "no slower", "within"))]})
+    AgentRun.objects.filter(pk=run.pk).update(state={"stop": True, "trials": [
+        {"number": 1, "params": params, "objective": 0.966, "commit": commit,
+         "experiment": experiment.pk}]})
+    run.refresh_from_db()
+
+    run = tuner_step(run, django_capture_on_commit_callbacks)
+
+    change = run.changes.get()
+    assert run.status == AgentRun.Status.SUCCEEDED
+    assert "it misses 1 criteria" in run.stop_reason
+    assert f"It misses 1 of {len(run.goal_version.spec['criteria'])} acceptance criteria " \
+           f"('5% faster': {miss}): the merge gate holds it." in change.hypothesis
+    assert "no slower" not in change.hypothesis
 
 
 # --- the LLM: dropped replies, progress, submit ----------------------------------------------
