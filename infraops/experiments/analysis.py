@@ -312,12 +312,18 @@ def look_state(experiment: Experiment, probe: Probe, variant: str,
     """After a look's repeats of one variant (`rows`: the attempt's samples so far), whether
     another repeat (a first-run outlier to replace) or the next look's repeats (an undecided
     comparison of a time or throughput they may decide) are worth running: the comparisons
-    the feedback will make."""
+    the feedback will make. An experiment asked a question (its goal's metric, its criteria)
+    spends repeats only on the comparisons that answer it: the others are reported as the
+    planned repeats leave them, since a look of a GPU probe costs minutes and no verdict of
+    the gate reads them."""
     plan = sample_plan(probe)
     samples = per_execution(r for r in rows if r.probe == probe.name and r.variant == variant)
     seed, margin = experiment.pk, _Margin(experiment.margin, experiment.margin_metric)
+    asked = asked_metrics(experiment)
     outlier = more = False
     for key, base, cand, measured in _judged(probe, samples):
+        if asked and f"{probe.name}.{key[2]}" not in asked:
+            continue
         outlier = outlier or any(stats.first_run_outlier(values[:plan[0]], measured.direction)
                                  for values in (base, cand))
         try:
@@ -331,6 +337,16 @@ def look_state(experiment: Experiment, probe: Probe, variant: str,
         more = more or (measured.kind in PERFORMANCE_KINDS
                         and stats.more_would_decide(result, plan))
     return LookState(outlier, more)
+
+
+def asked_metrics(experiment: Experiment) -> set[str]:
+    """The "probe.metric"s the experiment's question reads: its goal's metric (the margin's)
+    and its criteria's. Empty: it was asked nothing in particular, every comparison counts."""
+    asked = {f"{spec.get('probe')}.{spec.get('metric')}" for spec in experiment.criteria or []
+             if isinstance(spec, dict)}
+    if experiment.margin_metric:
+        asked.add(experiment.margin_metric)
+    return asked
 
 
 def _judged(probe: Probe, samples: dict[SampleKey, list[float]]

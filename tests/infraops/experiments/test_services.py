@@ -920,3 +920,34 @@ def test_only_a_speed_asks_for_extra_repeats(metric: str, asks: bool) -> None:
             for side, series in values.items() for index, value in enumerate(series)]
 
     assert look_state(Experiment(pk=1), probe, "", rows).more_would_decide is asks
+
+
+@pytest.mark.parametrize(("criteria", "margin_metric", "asks"), [
+    ([], "", True),  # asked nothing in particular: every time counts
+    ([{"kind": "threshold", "probe": "merge", "metric": "rel_error"}], "", False),
+    ([{"kind": "threshold", "probe": "merge", "metric": "rel_error"}], "merge.rel_error", False),
+    ([{"kind": "relative", "probe": "merge", "metric": "merge_us"}], "merge.rel_error", True),
+    ([], "merge.merge_us", True),
+    ([{"kind": "relative", "probe": "other", "metric": "merge_us"}], "", False),
+])
+def test_extra_repeats_are_spent_only_on_what_the_experiment_was_asked(
+    criteria: list[dict[str, str]], margin_metric: str, asks: bool,
+) -> None:
+    from infraops.experiments.analysis import look_state
+    from infraops.feedback.samples import SampleRow
+    from infraops.manifest import parse_manifest
+
+    [probe] = parse_manifest('[[probe]]\nname = "merge"\nlayer = "performance"\ncommand = "x"\n'
+                             'metrics = ["rel_error", "merge_us"]\nrepeat = 3\n').probes
+    # A 3.5x slower merge that three repeats a side cannot call (p >= 0.1 at best), and an
+    # error 2,000 times smaller: a GPU precision fix, whose question is its error.
+    values = {("rel_error", "baseline"): [1e-3, 1.1e-3, 0.9e-3],
+              ("rel_error", "candidate"): [5e-7, 5.1e-7, 4.9e-7],
+              ("merge_us", "baseline"): [1800.0, 1810, 1790],
+              ("merge_us", "candidate"): [6400.0, 6410, 6390]}
+    rows = [SampleRow(probe="merge", side=side, variant="", metric=metric, value=value,
+                      execution=2 * index + (side == "candidate") + 1)
+            for (metric, side), series in values.items() for index, value in enumerate(series)]
+    experiment = Experiment(pk=1, criteria=criteria, margin_metric=margin_metric)
+
+    assert look_state(experiment, probe, "", rows).more_would_decide is asks
