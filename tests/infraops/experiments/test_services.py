@@ -251,9 +251,10 @@ def test_a_first_run_outlier_is_left_out_and_replaced_without_a_warm_up(
 
 
 def test_samples_are_stored_for_both_sides(finished_experiment: Experiment) -> None:
+    # One latency sample an execution: five a side, or more where load took a further look.
     for side in ("baseline", "candidate"):
         samples = Sample.objects.filter(experiment=finished_experiment, side=side)
-        assert samples.count() == 5
+        assert samples.count() == finished_experiment.executions.filter(side=side).count() >= 5
         assert all(s.metric == "latency_ms" and s.unit == "ms" and s.value > 0 for s in samples)
     candidate_labels = Sample.objects.filter(experiment=finished_experiment, side="candidate")
     assert {s.labels["batch_size"] for s in candidate_labels} == {8}
@@ -267,7 +268,8 @@ def test_the_summary_compares_the_medians_of_latency(finished_experiment: Experi
     assert len(latency) == 1
     row = latency[0]
     assert row["probe"] == "latency-bench"
-    assert row["baseline_n"] == row["candidate_n"] == 5
+    # Five a side (a first-run outlier left out and replaced), more after a further look.
+    assert row["baseline_n"] == row["candidate_n"] >= 5
     assert row["baseline_median"] > 0 and row["candidate_median"] > 0
     assert row["ratio"] == pytest.approx(row["candidate_median"] / row["baseline_median"])
 
@@ -275,7 +277,7 @@ def test_the_summary_compares_the_medians_of_latency(finished_experiment: Experi
 def test_the_summary_is_what_the_stored_samples_give(finished_experiment: Experiment) -> None:
     # The worker summarises the samples it kept in memory; they must be the stored ones.
     stored = attempt_samples(attempt_executions(finished_experiment.pk, 1))
-    assert len(stored) == 10
+    assert len(stored) == finished_experiment.executions.count() >= 10
     expected = [c.as_dict() for c in compare_samples(per_execution_rows(stored))]
     assert finished_experiment.summary["comparisons"] == expected
 
