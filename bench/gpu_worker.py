@@ -5,7 +5,8 @@ through the database and the web pages, as a user would see it.
     python3 bench/gpu_worker.py OUT_DIR [--port 8321] [--deadline 900] [--gpu off] [--goal NAME]
                                         [--remote-workers]
     python3 bench/gpu_worker.py OUT_DIR --fla [--deadline 900] [--max-experiments N]
-                                        [--fla-target fla-kda|fla-cp ...]
+                                        [--fla-target fla-kda|fla-cp ...] [--fla-goal TEXT ...]
+                                        [--steer TARGET:MESSAGE ...]
 
 `--fla`: the flash-linear-attention targets instead (examples/fla-kda, examples/fla-cp, built
 from the installed fla-core): the standalone with its scripted model (`--demo-llm`), then every
@@ -13,7 +14,10 @@ goal of both, the KDA tuner, the CP tuner and the CP LLM agent, one run after th
 GPU worker takes one experiment at a time, so runs started together would all end last and a
 deadline would cut every one of them short. `--max-experiments N` lowers each goal's boundary
 to at most N experiments first, as an engineer would in the goal editor to fit a GPU lease
-(the summary names the cap).
+(the summary names the cap). `--fla-goal TEXT` keeps only the goals whose name holds TEXT.
+`--steer TARGET:MESSAGE` sends MESSAGE, as the admin, to each run on TARGET as soon as it starts,
+as an engineer steers a run from its page (the tuner reads `knob=value` as "try that next" and
+`stop` as "submit the best once it is read"); the summary names every message sent.
 
 Run it with the Python that holds torch and Triton and the product's packages, as root (the
 sandbox user), with INFRAOPS_SANDBOX_TOOLCHAINS naming that Python's environment when it is not
@@ -71,6 +75,11 @@ def main() -> int:
                         help="Run the goals of the flash-linear-attention targets.")
     parser.add_argument("--fla-target", action="append", choices=FLA_TARGETS, default=[],
                         help="--fla: only this target's goals (repeatable; default both).")
+    parser.add_argument("--fla-goal", action="append", default=[],
+                        help="--fla: only the goals whose name holds this (repeatable).")
+    parser.add_argument("--steer", action="append", default=[], type=steer_option,
+                        help="--fla: TARGET:MESSAGE, sent to each run on TARGET when it starts "
+                             "(repeatable).")
     parser.add_argument("--max-experiments", type=int, default=None,
                         help="--fla: lower each goal's experiment budget to at most this.")
     parser.add_argument("--remote-workers", action="store_true",
@@ -123,6 +132,15 @@ def main() -> int:
         print(f"figure: {name} {value} {unit}")
     runs = summary.get("runs") or [summary]
     return 0 if all(run["run"]["status"] == "succeeded" for run in runs) else 1
+
+
+def steer_option(value: str) -> tuple[str, str]:
+    target, _, message = value.partition(":")
+    if target not in FLA_TARGETS or not message.strip():
+        raise argparse.ArgumentTypeError(
+            f"--steer takes TARGET:MESSAGE with TARGET one of {', '.join(FLA_TARGETS)}, "
+            f"got {value!r}")
+    return target, message.strip()
 
 
 def wait_for_page(standalone: subprocess.Popen[str], log: Any, deadline: float) -> list[str]:
@@ -215,14 +233,18 @@ def drive_fla(args: argparse.Namespace, password: str, started: float, page_seco
     """Every goal of the flash-linear-attention targets, one run after the other until the
     deadline; each run described, its pages read, its figures named after its goal's target
     and policy."""
+    from django.contrib.auth import get_user_model
     from django.core.management import call_command
 
     from agents.models import AgentRun
+    from agents.services import run_message_add
     from infraops.models import Boundary, Goal
 
     targets = args.fla_target or FLA_TARGETS
-    goals = list(Goal.objects.filter(target__name__in=targets)
-                 .select_related("target").order_by("target__name", "pk"))
+    goals = [goal for goal in Goal.objects.filter(target__name__in=targets)
+             .select_related("target").order_by("target__name", "pk")
+             if not args.fla_goal or any(text in goal.name for text in args.fla_goal)]
+    admin = get_user_model().objects.get(username="admin")
     goals.sort(key=lambda goal: FLA_TARGETS.index(goal.target.name))
     if args.max_experiments is not None:
         Boundary.objects.filter(goal__in=goals, max_experiments__gt=args.max_experiments
@@ -235,7 +257,10 @@ def drive_fla(args: argparse.Namespace, password: str, started: float, page_seco
         run = AgentRun.objects.filter(goal_version__goal=goal).order_by("pk").last()
         if run is None:
             continue  # start_runs said why (no endpoint for an LLM goal, no GPU worker)
-        runs.append((run, time.monotonic()))
+        steered = [message for target, message in args.steer if target == goal.target.name]
+        for message in steered:
+            run_message_add(run=run, user=admin, text=message)
+        runs.append((run, time.monotonic(), steered))
         while not run.is_finished and time.monotonic() < started + args.deadline:
             time.sleep(5)
             run.refresh_from_db()
@@ -245,7 +270,7 @@ def drive_fla(args: argparse.Namespace, password: str, started: float, page_seco
     described = []
     found: list[tuple[str, float, str]] = [("gpu_standalone_page_s", round(page_seconds, 1),
                                             "s")]
-    for run, run_started in runs:
+    for run, run_started, steered in runs:
         run.refresh_from_db()
         goal = run.goal_version.goal
         name = f"{goal.target.name}_{goal.policy}".replace("-", "_")
@@ -253,6 +278,7 @@ def drive_fla(args: argparse.Namespace, password: str, started: float, page_seco
         summary["goal"] = {"target": goal.target.name, "name": goal.name,
                            "policy": goal.policy,
                            "max_experiments": run.goal_version.spec["boundary"]["max_experiments"]}
+        summary["steered"] = steered
         summary["pages"] = fetch_pages(args, password, run, summary, prefix=name)
         seconds = ((run.finished_at - run.created_at).total_seconds()
                    if run.finished_at else time.monotonic() - run_started)
@@ -261,7 +287,8 @@ def drive_fla(args: argparse.Namespace, password: str, started: float, page_seco
                               if figure != "gpu_standalone_page_s"]
         found += summary["figures"]
         described.append(summary)
-    return {"runs": described, "figures": found, "max_experiments": args.max_experiments}
+    return {"runs": described, "figures": found, "max_experiments": args.max_experiments,
+            "goals_kept": args.fla_goal}
 
 
 def describe(run: Any) -> dict[str, Any]:
