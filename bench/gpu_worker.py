@@ -315,10 +315,20 @@ def describe(run: Any) -> dict[str, Any]:
             "execution_seconds": sum(e["wall_seconds"] or 0 for e in executions),
             "rel_error_baseline_candidate": errors,
             "feedback": (experiment.feedback or {}).get("agent_text", "")[:6000],
+            # Enough to replay the analysis where there is no GPU: what it was asked, every
+            # sample with its execution, and the findings as stored.
+            "criteria": experiment.criteria, "margin": experiment.margin,
+            "margin_metric": experiment.margin_metric,
+            "samples": [list(row) for row in experiment.samples.order_by("pk").values_list(
+                "execution_id", "probe", "side", "variant", "metric", "value", "unit", "case")],
+            "warmups": list(experiment.executions.filter(repeat_index__lt=0)
+                            .values_list("pk", flat=True)),
+            "findings": (experiment.feedback or {}).get("findings", []),
         })
     change = Change.objects.filter(runs=run).first()
     return {
         "run": {"pk": run.pk, "status": run.status, "stop_reason": run.stop_reason,
+                "metric": run.goal_version.spec["metric"],
                 "trials": run.state.get("trials", [])},
         "experiments": experiments,
         "change": None if change is None else {
@@ -365,8 +375,10 @@ def figures(summary: dict[str, Any], page_seconds: float, run_seconds: float
             1 for e in summary["experiments"]
             if e["queue"] == "experiments.gpu" and e["status"] == "succeeded"), "count")]
     trials = summary["run"]["trials"]
+    metric = summary["run"].get("metric", "max_rel_error")  # the goal's
     if trials and trials[0].get("baseline") is not None:
-        found.append(("gpu_max_rel_error_base", trials[0]["baseline"], "ratio"))
+        unit = "us" if "_us" in metric else "ms" if "_ms" in metric else "ratio"
+        found.append((f"gpu_{metric}_base", trials[0]["baseline"], unit))
     for trial in trials:
         params = trial.get("params", {})
         value = params.get("input_precision")
