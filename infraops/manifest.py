@@ -756,6 +756,14 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
     if not 0 <= extra_repeats <= MAX_EXTRA_REPEATS:
         report.report("extra_repeats", "extra_repeats must be a whole number from 0 to "
                                        f"{MAX_EXTRA_REPEATS}, got {extra_repeats}")
+    if noisy and _never_decides(repeat, extra_repeats):
+        least = next(n for n in itertools.count(repeat) if not _never_decides(n, extra_repeats))
+        report.report("repeat", f"repeat = {repeat} with extra_repeats = {extra_repeats} can "
+                      "never call a change improved or regressed: with complete separation "
+                      "the exact rank test cannot reach its level (p < 0.01 over all looks) "
+                      f"at {repeat + extra_repeats} executions a side. Set repeat = {least} "
+                      "or more, give extra_repeats room, or repeat = 1 or 2 for a single "
+                      "measurement that compares nothing")
     speedup = raw.get("plausible_speedup", DEFAULT_PLAUSIBLE_SPEEDUP)
     if not _is_number(speedup) or not math.isfinite(speedup) or speedup <= 1:
         report.report("plausible_speedup", "plausible_speedup must be a number above 1 (a "
@@ -793,6 +801,13 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
         meta=meta, declared=declared,
         **limits,
     )
+
+
+def _never_decides(repeat: int, extra_repeats: int) -> bool:
+    """A plan that compares (at least MIN_SAMPLES a side) but can never decide at any look."""
+    from infraops.feedback import stats
+
+    return repeat >= stats.MIN_SAMPLES and not stats.plan_can_decide(repeat, extra_repeats)
 
 
 def _meta(raw: Mapping[str, Any], report: _Table) -> dict[str, MetaValue]:

@@ -342,6 +342,14 @@ def min_rank_repeats(alpha: float) -> int:
     return n
 
 
+def plan_can_decide(repeat: int, extra: int, alpha: float = 0.01) -> bool:
+    """Whether any look of the plan (`looks(repeat, extra)`, each at its `look_levels` level)
+    can call a change at all: complete separation there gives a rank-test p below the level."""
+    plan = looks(repeat, extra)
+    return any(2.0 / math.comb(2 * n, n) < level
+               for n, level in zip(plan, look_levels(len(plan), alpha), strict=True))
+
+
 def repeats_to_detect(cv_b: float, cv_c: float, effect: float, alpha: float) -> int | None:
     """Repeats a side at which `effect` is the minimal detectable effect (the MDE formula of
     `compare`, solved for n with equal sides), at least `min_rank_repeats`; None when the

@@ -515,6 +515,31 @@ def test_the_extra_repeat_budget_is_stated_or_follows_the_repeats(lines: str, ex
     assert parse_manifest(text).probes[0].extra_repeats == extra
 
 
+@pytest.mark.parametrize(("lines", "least"), [
+    ("repeat = 3\nextra_repeats = 0\n", 5), ("repeat = 4\nextra_repeats = 0\n", 5),
+    ("repeat = 3\nextra_repeats = 2\n", 5), ("repeat = 4\nextra_repeats = 1\n", 5),
+])
+def test_a_repeat_plan_that_can_never_call_a_change_is_refused_with_the_least_that_can(
+    lines: str, least: int,
+) -> None:
+    [problem] = _problems(_layer(PROBE, "performance") + lines)
+    assert problem.field == "repeat"
+    assert "can never call a change improved or regressed" in problem.message
+    assert f"Set repeat = {least} or more" in problem.message
+
+
+@pytest.mark.parametrize("lines", [
+    "repeat = 5\nextra_repeats = 0\n", "repeat = 3\n",  # three looks, 3, 6 and 9 a side
+    "repeat = 1\n", "repeat = 2\nextra_repeats = 0\n",  # single measurements: no comparison
+])
+def test_a_repeat_plan_that_can_decide_or_compares_nothing_is_accepted(lines: str) -> None:
+    assert parse_manifest(_layer(PROBE, "performance") + lines).probes
+
+
+def test_a_correctness_probe_may_repeat_three_times() -> None:
+    assert parse_manifest(PROBE + "repeat = 3\n").probes[0].repeat == 3
+
+
 def test_an_explicit_repeat_wins_over_the_layer_default() -> None:
     text = _replace(PROBE, "layer", 'layer = "performance"') + "repeat = 2\n"
     assert parse_manifest(text).probes[0].repeat == 2
