@@ -43,12 +43,13 @@ bytecode, is left out as a first-run outlier and replaced; samples stored, feedb
 Experiment.margin's default 0.01), two experiments at a time (instruction counts do not depend
 on the load). The probe states `extra_repeats = 0`: these figures measure what `repeat`
 repeats a side decide. The verdict read is the perf-comparison finding on `instructions`.
-- instructions_detect_1_5pct_runs: the smallest repeats a side (3 to 8, one fresh experiment
+- instructions_detect_1_5pct_runs: the smallest repeats a side (5 to 8, one fresh experiment
   each) at which an experiment whose candidate commit makes the whole probe count 1.5% more
   instructions is called "regressed" (9: never). The candidate's loop runs more rounds of the
   same body; how many is calibrated first (two callgrind runs outside the sandbox give the
-  fixed and per-round counts). Repeats 3 to 5 (5: the fewest at which the rank test can reach
-  p < 0.01) run at once, 6 to 8 only while none was called regressed;
+  fixed and per-round counts). 5 is the fewest at which the rank test can reach p < 0.01 (a
+  manifest asking for 3 or 4 without extra repeats is refused at registration); it runs first,
+  6 to 8 only while none was called regressed;
 - instructions_planted_ratio: the change actually planted: median candidate count over median
   baseline count, over the measured executions of every detection experiment (~1.015);
 - aa_no_change_rate_real: share of FULL.real_aa_experiments (10) real A/A experiments, 5 repeats a
@@ -137,10 +138,10 @@ class Size:
     aa_runs: int
 
 
-FULL = Size(aa_trials=2000, detection_trials=1000, max_runs=12, detect_repeats=range(3, 9),
+FULL = Size(aa_trials=2000, detection_trials=1000, max_runs=12, detect_repeats=range(5, 9),
             real_aa_experiments=10, aa_runs=5)
-SMOKE = Size(aa_trials=50, detection_trials=50, max_runs=3, detect_repeats=range(3, 4),
-             real_aa_experiments=1, aa_runs=3)
+SMOKE = Size(aa_trials=50, detection_trials=50, max_runs=3, detect_repeats=range(5, 6),
+             real_aa_experiments=1, aa_runs=5)
 
 # inner 100 vs 102 iterations of the same body inside a fixed outer loop: 2% more work.
 KERNEL_C = r"""
