@@ -536,6 +536,13 @@ def test_a_repeat_plan_that_can_decide_or_compares_nothing_is_accepted(lines: st
     assert parse_manifest(_layer(PROBE, "performance") + lines).probes
 
 
+def test_a_huge_repeat_is_accepted_without_an_exact_binomial_of_it() -> None:
+    # C(2n, n) of a trillion would never finish and overflows a float: the plan is judged in
+    # logarithms.
+    text = _layer(PROBE, "performance") + "repeat = 1000000000000\nextra_repeats = 0\n"
+    assert parse_manifest(text).probes[0].repeat == 10**12
+
+
 def test_a_correctness_probe_may_repeat_three_times() -> None:
     assert parse_manifest(PROBE + "repeat = 3\n").probes[0].repeat == 3
 
