@@ -59,9 +59,15 @@ def _pause(run: AgentRun, reason: str) -> None:
               data={"status": "paused"})
 
 
-def run_start(*, goal: Goal, user: User, follow_up: FollowUp | None = None) -> AgentRun:
+def run_start(*, goal: Goal, user: User, follow_up: FollowUp | None = None,
+              fetch: bool = True) -> AgentRun:
     """Pin the goal's current version, the manifest and the base commit; queue step one.
-    A `follow_up` of a change starts with its reviewer's comments as the first message."""
+    A `follow_up` of a change starts with its reviewer's comments as the first message.
+
+    `fetch=False` (a web request, a signal received in one): no git here. The run pins what
+    the target's worker last fetched, and its first step, in a worker, fetches the upstream
+    first and moves the base to its tip when it moved (_fetch_first): a repository that hangs
+    holds a worker's task with its time limit, never a web thread (issue 28)."""
     if not has_target_role(user, goal.target_id, ENGINEER):
         raise DomainError(f"Only an engineer can start a run on {goal.target.name}.")
     if goal.policy == Goal.Policy.LLM and not (
@@ -69,7 +75,10 @@ def run_start(*, goal: Goal, user: User, follow_up: FollowUp | None = None) -> A
         raise DomainError("The LLM policy needs OPENAI_BASE_URL and a model (INFRAOPS_MODEL, "
                           "or the goal's model): set them, or choose the built-in tuner.")
     _require_fetched(goal.target)
-    target = target_refresh_manifest(target=goal.target)
+    if fetch:
+        target = target_refresh_manifest(target=goal.target)
+    else:
+        target = Target.objects.get(pk=goal.target_id)
     manifest = target.manifest()
     if manifest is None:
         raise DomainError(f"{target.name}'s infraops.toml is invalid: "
@@ -85,6 +94,7 @@ def run_start(*, goal: Goal, user: User, follow_up: FollowUp | None = None) -> A
                 goal_version=version, target=target, policy=goal.policy, started_by=user,
                 base_commit=target.manifest_commit, manifest_sha256=target.manifest_sha256,
                 follows_change=follow_up.change if follow_up else None,
+                state={} if fetch else {FETCH_FIRST: True},
             )
             run_event(run_id=run.pk, kind="status",
                       message=f"Run started by {user.get_username()} on goal "
@@ -107,6 +117,50 @@ def run_start(*, goal: Goal, user: User, follow_up: FollowUp | None = None) -> A
         raise DomainError(f"{QUEUE_DOWN} when run {run.pk} was created: it is paused; "
                           "resume it once Redis is back.") from None
     return run
+
+
+FETCH_FIRST = "fetch_first"  # run.state: step one fetches the upstream before anything else
+
+
+def _fetch_first(run_id: int) -> None:
+    """Step one of a run started without fetching: fetch the upstream (in this worker) and,
+    when its base branch moved and its manifest is valid, pin the run to the new tip before
+    the policy does anything; otherwise the run goes on from what it pinned, saying why."""
+    run = AgentRun.objects.select_related("target").filter(pk=run_id).first()
+    if run is None or not run.state.get(FETCH_FIRST) or run.step_count:
+        return  # gone (the step says so), or nothing to fetch
+    moved = ""
+    try:
+        target = target_refresh_manifest(target=run.target)
+    except DomainError as exc:
+        note = (f"Fetching the upstream failed ({exc}): the run goes on from "
+                f"{run.base_commit[:10]}, the base its target last fetched.")
+    else:
+        manifest = target.manifest()
+        if target.manifest_commit == run.base_commit:
+            note = f"Fetched the upstream: the base {run.base_commit[:10]} is its tip."
+        elif manifest is None or (run.policy == Goal.Policy.TUNER and not manifest.knobs):
+            note = (f"Fetched the upstream: its tip {target.manifest_commit[:10]} has "
+                    f"{'no valid infraops.toml' if manifest is None else 'no [[knob]]'}, so "
+                    f"the run goes on from {run.base_commit[:10]}.")
+        else:
+            moved = target.manifest_commit
+            note = (f"Fetched the upstream: the base branch moved since the target was last "
+                    f"fetched, so the run starts from its tip {moved[:10]} (was "
+                    f"{run.base_commit[:10]}).")
+    with transaction.atomic():
+        locked = AgentRun.objects.select_for_update().filter(pk=run_id).first()
+        if locked is None or not locked.state.get(FETCH_FIRST) or locked.step_count:
+            return  # another delivery of this step did it
+        run = locked
+        run.state.pop(FETCH_FIRST)
+        fields = ["state"]
+        if moved:
+            run.base_commit, run.manifest_sha256 = moved, target.manifest_sha256
+            fields += ["base_commit", "manifest_sha256"]
+        run.save(update_fields=fields)
+        run_event(run_id=run.pk, kind="status", message=note,
+                  data={"base_commit": run.base_commit})
 
 
 def _require_fetched(target: Target) -> None:
@@ -159,6 +213,8 @@ def run_step(*, run_id: int, number: int) -> AgentRun | None:
 
 
 def _step(run_id: int, number: int) -> AgentRun | None:
+    if number == 0:
+        _fetch_first(run_id)
     with transaction.atomic():
         run = _locked_for_step(run_id, number)
         if run is None or run.is_finished or run.status == AgentRun.Status.PAUSED:
@@ -495,7 +551,7 @@ def _to_follow_up(decision: ReviewDecision) -> dict[str, Any]:
     else:
         text = "\n".join([_request_text(decision), *lines])
         try:
-            run = run_start(goal=change.goal, user=starter,
+            run = run_start(goal=change.goal, user=starter, fetch=False,
                             follow_up=FollowUp(change=change, reviewer=decision.reviewer,
                                                text=text))
         except DomainError as exc:

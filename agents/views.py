@@ -125,7 +125,7 @@ def run_start(request: AuthenticatedHttpRequest, goal_id: int) -> HttpResponse:
                                           status__in=AgentRun.active_statuses())
                   .order_by("-pk").values_list("pk", flat=True))
     try:
-        run = services.run_start(goal=goal, user=request.user)
+        run = services.run_start(goal=goal, user=request.user, fetch=False)
     except DomainError as exc:
         messages.error(request, str(exc))
         return redirect("infraops:target", name=goal.target.name)
