@@ -171,7 +171,9 @@ def failing_checks(experiment: Experiment) -> list[str]:
             if f["layer"] in ("correctness", "integrity") and f["severity"] == "fail"]
 
 
-def criteria_verdicts(experiment: Experiment) -> list[str]:
+def criteria_verdicts(experiment: Experiment) -> list[dict[str, Any]]:
+    """Each criterion's verdict as measured (IntervalVerdict.as_dict: criterion, passed,
+    quantity, interval, detail), not-run ones as not passed."""
     return [f["evidence"]["verdict"] for f in experiment.feedback.get("findings", [])
             if f["layer"] == "criteria"]
 

@@ -32,6 +32,7 @@ from agents.policies.shared import (
     Refusal,
     boundary,
     commit_worktree,
+    criteria_verdicts,
     experiment_budget_left,
     fresh_worktree,
     pinned_manifest,
@@ -456,11 +457,10 @@ def _submit(run: AgentRun, trials: list[dict[str, Any]], spec: dict[str, Any]) -
 
 
 def _missed_criteria(experiment: Experiment) -> list[str]:
-    """The criteria the experiment measured as failed, each with its measurement."""
-    return [f"'{f['evidence']['name']}': {f['evidence']['verdict']['detail']}"
-            for f in experiment.feedback.get("findings", [])
-            if f["layer"] == "criteria" and f["severity"] == "fail"
-            and f.get("kind") == "criterion"]
+    """The criteria the experiment did not pass (failed, or not run), each with its
+    measurement: what the merge gate will hold the change on."""
+    return [f"'{verdict['criterion']}': {verdict['detail']}"
+            for verdict in criteria_verdicts(experiment) if not verdict["passed"]]
 
 
 def _submitted(run: AgentRun, change: int) -> str:

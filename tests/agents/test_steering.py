@@ -175,7 +175,9 @@ def test_a_best_configuration_that_misses_a_criterion_is_submitted_saying_which_
         status=Experiment.Status.SUCCEEDED, feedback={"findings": [
             {"layer": "criteria", "kind": "criterion", "severity": severity,
              "title": f"criterion '{name}'", "detail": detail, "specificity": 3,
-             "evidence": {"name": name, "verdict": {"detail": detail}}}
+             "evidence": {"name": name, "verdict": {"criterion": name,
+                                                    "passed": severity == "pass",
+                                                    "detail": detail}}}
             for severity, name, detail in (("fail", "5% faster", miss),
                                            ("pass", "no slower", "within"))]})
     AgentRun.objects.filter(pk=run.pk).update(state={"stop": True, "trials": [
