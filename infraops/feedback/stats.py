@@ -346,9 +346,9 @@ def plan_can_decide(repeat: int, extra: int, alpha: float = 0.01) -> bool:
     """Whether any look of the plan (`looks(repeat, extra)`, each at its `look_levels` level)
     can call a change at all: complete separation there gives a rank-test p below the level."""
     plan = looks(repeat, extra)
-    # log(2 / C(2n, n)) by lgamma: a manifest's repeat may be any whole number, and the exact
-    # binomial of a million would take a minute and overflow a float.
-    return any(math.log(2.0) - (math.lgamma(2 * n + 1) - 2 * math.lgamma(n + 1)) < math.log(level)
+    # Against the fewest repeats that can (a handful): a manifest's repeat may be any whole
+    # number, and an exact C(2n, n) of a million would take a minute and overflow a float.
+    return any(n >= min_rank_repeats(level)
                for n, level in zip(plan, look_levels(len(plan), alpha), strict=True))
 
 
