@@ -40,6 +40,21 @@ def members_of_new_target(target: Target) -> Target:
     return target
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_static_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The suite's static files are never the installation's collected ones. `standalone` (and
+    `manage.py prepare`) collects into the data folder of the checkout (.infraops/staticfiles),
+    with a manifest of hashed names; read by the test process, that manifest would have pages
+    name files the in-process test server (which serves from the finders) does not have, and
+    the browser tests would see pages without their styles and scripts. An empty root of the
+    session's own: every file keeps its plain name, served from static/."""
+    from django.test.utils import override_settings
+
+    root = tmp_path_factory.mktemp("staticfiles")
+    with override_settings(STATIC_ROOT=root):  # its signal drops the storage's cached manifest
+        yield root
+
+
 @pytest.fixture(scope="session")
 def local_repositories_from_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Tests seed their origins in tmp_path: pytest's base temporary folder is where the

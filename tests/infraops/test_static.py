@@ -57,6 +57,16 @@ def test_an_uncollected_file_keeps_its_plain_name(settings: Any, tmp_path: Path)
     assert HashedStaticFiles().url("img/favicon.svg") == "/static/img/favicon.svg"
 
 
+def test_the_suite_never_reads_the_installations_collected_files() -> None:
+    """`standalone` collects into the checkout's data folder; the README's test command run
+    after it in the same checkout must not take that manifest's hashed names (the in-process
+    test server serves the plain ones), or the browser tests see pages without styles."""
+    root = Path(settings.STATIC_ROOT).resolve()
+    for installation in (Path(settings.BASE_DIR) / ".infraops", Path(settings.DATA_DIR)):
+        assert not root.is_relative_to(installation.resolve())
+    assert static("css/infraops.css") == "/static/css/infraops.css"
+
+
 @pytest.fixture
 def collected(settings: Any, tmp_path: Path) -> Path:
     settings.STATIC_ROOT = tmp_path / "staticfiles"
