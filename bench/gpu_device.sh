@@ -8,7 +8,9 @@
 #   bench/gpu_device.sh run OUT --fla   # the same on the flash-linear-attention targets
 #   bench/gpu_device.sh record OUT      # there: bench/fla_record.py (every knob setting, raw)
 #
-# GPU_TESTS=0 leaves the GPU tests out of `run`.
+# GPU_TESTS=0 leaves the GPU tests out of `run`. PACK=FILE packs OUT into one archive FILE at
+# the end, whatever the outcome (the lent machine hands back at most eight files a call: name
+# OUT outside $OUT there and PACK=$OUT/run.tgz).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 carry=.gpu-carry
@@ -58,9 +60,15 @@ record() {
   python3 bench/fla_record.py "$out" "${@:2}"
 }
 
+pack() {
+  [ -n "${PACK:-}" ] && tar czf "$PACK" -C "$(dirname "$1")" "$(basename "$1")"
+  return 0
+}
+
 run() {
   out=${1:?OUT folder}
   mkdir -p "$out"
+  trap 'pack "$out"' EXIT
   setup
   # The end-to-end run first; then the GPU tests (they skip without a GPU) on an embedded
   # PostgreSQL and Redis of their own.

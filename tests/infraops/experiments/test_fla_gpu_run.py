@@ -1,4 +1,5 @@
-"""The KDA decode goal run through the whole product on a GPU host (tests/infraops/data/
+"""The flash-linear-attention goals run through the whole product on GPU hosts. First the KDA
+decode goal (tests/infraops/data/
 fla_gpu_e2e/kda, made by `bench/gpu_device.sh run OUT --fla --fla-target fla-kda
 --max-experiments 1 --steer "fla-kda:bv=32 num_warps=2"` on an NVIDIA H100 on 2026-12-06):
 `standalone --gpu on`, the tuner steered by a message as an engineer steers it from the run
@@ -41,8 +42,8 @@ def medians(run: dict[str, Any], metric: str) -> dict[str, tuple[float, float]]:
             in experiment["comparisons"] if name == metric}
 
 
-def page_text(name: str) -> str:
-    raw = (RECORDED / name).read_text()
+def page_text(name: str, folder: Path = RECORDED) -> str:
+    raw = (folder / name).read_text()
     raw = re.sub(r"<script.*?</script>", " ", raw, flags=re.S)
     return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", raw)))
 
@@ -100,3 +101,49 @@ def test_the_change_waits_for_a_numerics_review_and_the_gate_names_each_missed_c
             "<= -5.0%: candidate vs baseline -3.43%") in text
     assert "✔ Criterion: batch 1 no slower (within 2%)" in text
     assert "✔ Criterion: equivalent to the float64 recurrence" in text
+
+
+# The fla-cp tuner goal through the whole product on an NVIDIA H200 (2026-12-06,
+# `bench/gpu_device.sh run OUT --fla --fla-target fla-cp --max-experiments 1 --remote-workers`):
+# the change page and the experiment page as the admin read them (the run's summary did not
+# come back from the lent machine: tests/infraops/data/fla_gpu_e2e/cp/README.md).
+CP_RECORDED = RECORDED.parent / "cp"
+
+
+def cp_medians(metric: str) -> dict[str, tuple[float, float]]:
+    """case -> (baseline median, candidate median), from the experiment page's comparison
+    table ("cp-merge — rel_error len-64 0.001104 ratio 6.261e-07 ratio 0.0005669 3/3")."""
+    rows = re.findall(rf"cp-merge — {metric} (\S+) ([\d.e+-]+) \w+ ([\d.e+-]+) \w+ [\d.e+-]+ "
+                      r"(\d+)/(\d+)", page_text("tuner-experiment-1.html", CP_RECORDED))
+    assert rows, f"no {metric} row on the experiment page"
+    return {case: (float(base), float(cand)) for case, base, cand, *_ in rows}
+
+
+def test_the_cp_tuner_fixed_the_merge_on_the_h200_and_the_change_waits_for_review() -> None:
+    text = page_text("tuner-change.html", CP_RECORDED)
+    assert "Change 1: Tune cp_dot_precision=tf32x3 awaiting review" in text
+    assert ("CP_DOT_PRECISION = tl . constexpr ( 'ieee' if IS_NPU else 'tf32' )" in text
+            and "CP_DOT_PRECISION = tl . constexpr ( 'ieee' if IS_NPU else 'tf32x3' )" in text)
+    assert ("numerics: the context-parallel merge's precision decides how far long contexts "
+            "drift") in text
+    assert "Review required : the evidence passes" in text
+    assert ("✔ Criterion: max relative error <= 1e-3 at every length cp-merge.max_rel_error <= "
+            "0.001: candidate median 7.328e-07 (95% CI 7.328e-07 to 7.328e-07)") in text
+    # A precision fix is an error falling, not a speed-up: no gain is claimed, none flagged.
+    assert "✔ Gain confirmed end to end no performance gain is claimed" in text
+    assert "✔ No integrity flag" in text
+
+
+def test_the_cp_experiment_measured_the_error_at_every_length_and_what_the_fix_costs() -> None:
+    text = page_text("tuner-experiment-1.html", CP_RECORDED)
+    assert "Execution: all probes ran: 6 executions, exit 0." in text  # 3 a side, no extra look
+    errors = cp_medians("rel_error")
+    assert sorted(errors, key=lambda case: int(case.removeprefix("len-"))) == [
+        "len-16", "len-64", "len-256", "len-1024"]
+    # TF32 sits at the goal's bound (1e-3) at every length; tf32x3 is three orders under it.
+    assert all(1.0e-3 < base < 1.5e-3 and cand < 1.0e-6 for base, cand in errors.values())
+    [(base, cand)] = cp_medians("max_rel_error").values()
+    assert base == pytest.approx(1.377e-3) and cand == pytest.approx(7.328e-7)
+    # What the fix costs: the merge at 1024 chunks takes 3.5 times as long.
+    times = cp_medians("merge_us")
+    assert times["len-1024"][1] / times["len-1024"][0] == pytest.approx(3.48, abs=0.05)
