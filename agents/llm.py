@@ -10,8 +10,11 @@ Contracts:
   key shapes in :data:`SECRET_PATTERNS`. The API key travels only in the ``Authorization``
   header. Error messages are redacted the same way, since endpoints echo keys back
   ("Incorrect API key provided: sk-...").
-- **Bounded time.** Every HTTP request has ``config.timeout`` (connect, read, write and pool
-  timeouts each; a server trickling bytes slower than that per read is not cut off by it). The
+- **Bounded time.** Every HTTP request has ``config.timeout`` in all, from its connection to
+  the last byte of the answer (:class:`_Deadline`): each read and write waits at most what is
+  left, so a server that trickles its answer a byte at a time, each within any per-read timeout,
+  is cut off when the request's time is up, like one that never answers. (A proxy that the
+  environment names, HTTPS_PROXY and the like, keeps the client's per-read timeouts only.) The
   client's own retries are off; this module retries so that Retry-After is respected:
 
   ======================================  ==================================================
@@ -48,6 +51,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
+    import httpcore2
+    import httpx2
     import openai
     from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolUnionParam
 
@@ -290,6 +295,103 @@ def redact_messages(messages: list[dict[str, Any]], secrets: Sequence[str]) -> l
     return [cast("dict[str, Any]", _redact_value(message, apply)) for message in messages]
 
 
+# --- one request's deadline ------------------------------------------------------------------
+
+
+class _Deadline:
+    """The time left to the request in flight. httpx's timeouts are per read: a server that
+    sends a byte every few seconds never trips one, and would hold an agent worker for as long
+    as it likes. The client's network streams ask this how long each connect, read and write
+    may wait, and time out once nothing is left."""
+
+    def __init__(self) -> None:
+        self.at = math.inf
+
+    def start(self, seconds: float) -> None:
+        self.at = time.monotonic() + seconds
+
+    def wait(self, timeout: float | None, error: type[Exception]) -> float:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise error("the request's time is up")
+        return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream:
+    """A connection whose every wait ends by the request's deadline (httpcore's NetworkStream
+    interface)."""
+
+    def __init__(self, inner: httpcore2.NetworkStream, deadline: _Deadline) -> None:
+        self._inner, self._deadline = inner, deadline
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        import httpcore2
+
+        return self._inner.read(max_bytes, self._deadline.wait(timeout, httpcore2.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        import httpcore2
+
+        self._inner.write(buffer, self._deadline.wait(timeout, httpcore2.WriteTimeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> _DeadlineStream:
+        import httpcore2
+
+        wait = self._deadline.wait(timeout, httpcore2.ConnectTimeout)
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, wait),
+                               self._deadline)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend:
+    """httpcore's own network backend, its connections bounded by the deadline (httpcore's
+    NetworkBackend interface)."""
+
+    def __init__(self, deadline: _Deadline) -> None:
+        import httpcore2
+
+        self._inner, self._deadline = httpcore2.SyncBackend(), deadline
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None, socket_options: Any = None
+                    ) -> _DeadlineStream:
+        import httpcore2
+
+        wait = self._deadline.wait(timeout, httpcore2.ConnectTimeout)
+        return _DeadlineStream(self._inner.connect_tcp(host, port, wait, local_address,
+                                                       socket_options), self._deadline)
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Any = None) -> _DeadlineStream:
+        import httpcore2
+
+        wait = self._deadline.wait(timeout, httpcore2.ConnectTimeout)
+        return _DeadlineStream(self._inner.connect_unix_socket(path, wait, socket_options),
+                               self._deadline)
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _http_client(deadline: _Deadline, timeout: float) -> httpx2.Client:
+    """The HTTP client of one turn: httpx's own transport on a connection pool whose
+    connections keep `deadline` (the pool is what the transport builds, with the backend)."""
+    import httpcore2
+    import httpx2
+
+    transport = httpx2.HTTPTransport()
+    transport._pool = httpcore2.ConnectionPool(  # the one way in for a backend
+        ssl_context=httpx2.create_ssl_context(),
+        network_backend=cast("httpcore2.NetworkBackend", _DeadlineBackend(deadline)))
+    return httpx2.Client(transport=transport, timeout=timeout, follow_redirects=True)
+
+
 # --- the turn ------------------------------------------------------------------------------
 
 
@@ -318,15 +420,18 @@ def chat(
     sent_tools = cast(
         "list[ChatCompletionToolUnionParam]", [_redact_value(tool, apply) for tool in tools]
     )
+    deadline = _Deadline()
     with openai.OpenAI(
         base_url=config.base_url,
         api_key=config.api_key or "unused",
         timeout=config.timeout,
         max_retries=0,
+        http_client=_http_client(deadline, config.timeout),
     ) as client:
         attempt = 0
         while True:
             final = attempt >= config.max_retries
+            deadline.start(config.timeout)
             try:
                 raw = client.chat.completions.with_raw_response.create(
                     model=config.model,

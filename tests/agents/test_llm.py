@@ -8,6 +8,7 @@ import copy
 import json
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ from agents.llm import (
     LLMConfig,
     LLMError,
     LLMMalformed,
+    LLMReply,
     LLMRetryLater,
     chat,
     redact,
@@ -346,6 +348,74 @@ def test_a_reply_slower_than_the_timeout_fails_within_the_retry_budget() -> None
     assert "did not answer within 0.3 s (3 attempts)" in str(raised.value)
     assert raised.value.status_code is None
     assert len(stub.requests) == 3
+
+
+class Trickler:
+    """A server that answers a byte at a time, each byte well within any per-read timeout:
+    after the whole head at once (`head_at_once`), or from the first byte of the head on. It
+    would go on for minutes; it stops when the client hangs up."""
+
+    def __init__(self, *, head_at_once: bool, every: float = 0.1) -> None:
+        self.head_at_once, self.every = head_at_once, every
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.sent = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
+
+    def __enter__(self) -> Trickler:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.listener.close()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            connection, _ = self.listener.accept()
+            with connection:
+                connection.recv(65536)
+                body = json.dumps(completion("late").body).encode()
+                head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"X-Padding: " + b"x" * 4000 + b"\r\n"
+                        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+                if self.head_at_once:
+                    connection.sendall(head)
+                    head = b""
+                for byte in head + body + b" " * 100_000:
+                    connection.sendall(bytes([byte]))
+                    self.sent += 1
+                    time.sleep(self.every)
+
+
+@pytest.mark.parametrize("head_at_once", [True, False], ids=["body", "head"])
+def test_an_answer_trickled_a_byte_at_a_time_is_cut_off_when_the_request_s_time_is_up(
+    head_at_once: bool,
+) -> None:
+    """Each byte comes within the 1 s timeout, so a per-read timeout never trips; the whole
+    answer would take minutes. The turn ends with the timeout's error instead (the thread's
+    generous deadline is the test's guard, not a bound on the time)."""
+    outcome: list[BaseException | LLMReply] = []
+    with Trickler(head_at_once=head_at_once) as server:
+        cfg = LLMConfig(base_url=server.base_url, api_key=API_KEY, model="m", timeout=1.0,
+                        max_retries=0)
+
+        def turn() -> None:
+            try:
+                outcome.append(chat(cfg, HELLO, []))
+            except BaseException as exc:  # handed to the test thread
+                outcome.append(exc)
+
+        worker = threading.Thread(target=turn, daemon=True)
+        worker.start()
+        worker.join(timeout=120)
+        assert not worker.is_alive(), "the trickled answer held the turn"
+    [error] = outcome
+    assert isinstance(error, LLMError) and error.transient
+    assert "did not answer within 1 s" in str(error)
+    assert 0 < server.sent < 1000  # cut off after some bytes, long before the answer's end
 
 
 def test_an_unreachable_endpoint_raises_llm_error() -> None:
