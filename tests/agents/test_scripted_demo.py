@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from agents.policies.llm import untrusted
+from agents.scripted import demo
 from agents.scripted.demo import SETTING, DemoModel
 from agents.scripted.endpoint import CHAT_PATH, ReceivedRequest
 from agents.tools import REGISTRY
@@ -195,6 +196,23 @@ def test_it_raises_the_merge_precision_from_the_failed_criterion_and_cites_the_e
                                  "edit_file", "run_experiment", "submit_change", "finish"]
     assert finish["summary"] == (f"Fixed criterion '{CRITERION}': CP_DOT_PRECISION tf32 -> "
                                  f"tf32x3 in {PATH}; the change waits for review.")
+
+
+def test_the_hypothesis_says_the_error_grew_only_where_the_measurements_show_it() -> None:
+    """On the real merge (the H200 and H100 runs of examples/fla-cp) TF32's error is flat in
+    the length: the agent says so instead of the growth its hypothesis expected."""
+    flat = [("len-16", "rel_error", "0.0009785"), ("len-64", "rel_error", "0.0007815"),
+            ("len-256", "rel_error", "0.0007808"), ("len-1024", "rel_error", "0.001119")]
+    growing = [("len-16", "rel_error", "0.00021"), ("len-1024", "rel_error", "0.0137")]
+    said = {name: demo._hypothesis("CP_DOT_PRECISION", PATH, demo.Baseline(
+        1, CRITERION, "misses", errors), 2, "nothing failed") for name, errors in
+        (("flat", flat), ("growing", growing), ("none", []))}
+
+    assert "the error did not grow with the length (rel_error 0.0009785 at len-16" in said["flat"]
+    assert "grew" not in said["flat"] and "grows" not in said["flat"]
+    assert "so the error grows with the length" in said["growing"]
+    assert "the error grew with the length (rel_error 0.00021 at len-16" in said["growing"]
+    assert "grow" not in said["none"]
 
 
 def test_the_search_pattern_finds_both_targets_settings_and_no_indented_one() -> None:
