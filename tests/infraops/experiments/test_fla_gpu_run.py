@@ -147,3 +147,52 @@ def test_the_cp_experiment_measured_the_error_at_every_length_and_what_the_fix_c
     # What the fix costs: the merge at 1024 chunks takes 3.5 times as long.
     times = cp_medians("merge_us")
     assert times["len-1024"][1] / times["len-1024"][0] == pytest.approx(3.48, abs=0.05)
+
+
+# The fla-cp goal of the scripted LLM demo (`standalone --demo-llm`) through the whole product
+# on an NVIDIA H100 (2026-12-06, `PACK=$OUT/cp-llm.tgz bench/gpu_device.sh run /tmp/o --fla
+# --fla-target fla-cp --fla-goal "LLM agent"`): summary, the standalone's log (passwords
+# removed), the run and change pages.
+CP_LLM_RECORDED = RECORDED.parent / "cp-llm"
+
+
+@pytest.fixture(scope="module")
+def llm_run() -> dict[str, Any]:
+    summary = json.loads((CP_LLM_RECORDED / "summary.json").read_text())
+    [run] = summary["runs"]
+    assert run["goal"]["target"] == "fla-cp" and run["goal"]["policy"] == "llm"
+    return run
+
+
+def test_the_llm_agent_measured_the_unchanged_merge_edited_it_and_checked_the_edit_on_the_gpu(
+    llm_run: dict[str, Any],
+) -> None:
+    first, second = llm_run["experiments"]
+    for experiment in (first, second):
+        assert experiment["queue"] == "experiments.gpu" and experiment["status"] == "succeeded"
+        assert experiment["executions"] == 6 and experiment["failure"] == ""  # 3 a side
+    # The unchanged code against itself: TF32 misses the bound, flat in the length.
+    assert "[FAIL criteria] criterion 'max relative error <= 1e-3 at every length' failed: " \
+           "cp-merge.max_rel_error <= 0.001: candidate median 0.001119" in first["feedback"]
+    unchanged = first["rel_error_baseline_candidate"]
+    assert all(base == cand and 7e-4 < base < 1.2e-3 for base, cand in unchanged.values())
+    # tf32x3: three orders of magnitude under the bound at every length.
+    fixed = second["rel_error_baseline_candidate"]
+    assert len(fixed) == 4 and all(base > 1e-3 and cand < 1e-6 for base, cand in fixed.values())
+    assert "Verdict: no failures" in second["feedback"]
+    assert llm_run["pages"] == {"dashboard": 200, "run": 200, "queue": 200, "experiment-1": 200,
+                                "experiment-2": 200, "change": 200}
+
+
+def test_the_llm_agent_s_change_waits_for_a_numerics_review(llm_run: dict[str, Any]) -> None:
+    assert llm_run["run"]["status"] == "succeeded"
+    assert llm_run["run"]["stop_reason"].startswith("submitted change 1: Fixed criterion")
+    change = llm_run["change"]
+    assert change["status"] == "pending_review" and change["risk_classes"] == ["numerics"]
+    assert ("-CP_DOT_PRECISION = tl.constexpr('ieee' if IS_NPU else 'tf32')\n"
+            "+CP_DOT_PRECISION = tl.constexpr('ieee' if IS_NPU else 'tf32x3')") in change["diff"]
+    text = page_text("run.html", CP_LLM_RECORDED)
+    for step in ("list_probes", "run_experiment", "search_code", "read_file", "edit_file",
+                 "submit_change"):
+        assert f" {step} " in text
+    assert "Review required" in page_text("change.html", CP_LLM_RECORDED)
