@@ -311,9 +311,10 @@ def _record(run: AgentRun, outcome: StepOutcome) -> None:
     if outcome.retry is not None:
         run.save(update_fields=_FIELDS)
         wait = outcome.retry
-        run_event(run_id=run.pk, kind="wait", message=outcome.summary,
-                  data={"retry_in": wait.seconds, "attempt": wait.attempt,
-                        "reason": wait.reason[:500]})
+        if not wait.quiet:
+            run_event(run_id=run.pk, kind="wait", message=outcome.summary,
+                      data={"retry_in": wait.seconds, "attempt": wait.attempt,
+                            "reason": wait.reason[:500]})
         _enqueue_step(run, countdown=wait.seconds)
         return
     if not outcome.counts:

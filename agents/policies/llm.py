@@ -194,6 +194,7 @@ def act(run: AgentRun, prepared: Prepared, thought: llm.LLMReply | Fault) -> Ste
     reply = thought
     run.provider_failing_since = None
     run.state.pop("provider_attempts", None)
+    run.state.pop("rate_limited_in_row", None)
     _mark_delivered(run, prepared.marks)
     tokens, cost = spent(reply)
     run.tokens_used += tokens
@@ -284,8 +285,7 @@ def _fault(run: AgentRun, fault: Fault) -> StepOutcome:
     the window and one request's timeout; anything else (a 401, a 404: no retry
     fixes it) ends the run."""
     if fault.rate_limited and fault.retry_after is not None:
-        return StepOutcome(f"Rate limited: the model asked to retry in {fault.retry_after:.0f} s.",
-                           "llm.wait", retry=Wait(fault.retry_after, 0, fault.error))
+        return _rate_limited(run, fault.retry_after, fault.error)
     if not fault.transient:
         return StepOutcome(f"The model endpoint refused the request: {fault.error}",
                            "llm.error", counts=False,
@@ -309,6 +309,25 @@ def _fault(run: AgentRun, fault: Fault) -> StepOutcome:
     wait = min(backoff, max((since + window - now).total_seconds(), 0.1))
     return StepOutcome(f"The model endpoint failed ({fault.error}); retrying in {wait:.0f} s.",
                        "llm.retry", retry=Wait(wait, attempts, fault.error))
+
+
+def _rate_limited(run: AgentRun, retry_after: float, error: str) -> StepOutcome:
+    """A 429 waits as the server asks, however long the storm: a rate limit is not a fault,
+    and the run's wall-time budget bounds it. In a storm (429 after 429, no answer between)
+    the waits also grow as a provider fault's backoff does, from the second 429 on, so that a
+    server saying "retry in 0 s" forever is not asked hundreds of times a minute; and only
+    the 1st, 2nd, 4th, 8th ... 429 in a row is an event on the run page, saying how many."""
+    in_row = int(run.state.get("rate_limited_in_row", 0)) + 1
+    run.state["rate_limited_in_row"] = in_row
+    floor = 0.0 if in_row == 1 else min(RETRY_FIRST_WAIT * 2 ** (in_row - 2), RETRY_LONGEST_WAIT)
+    wait = max(retry_after, floor)
+    storm = f" ({in_row} rate limits in a row)" if in_row > 1 else ""
+    summary = (f"Rate limited{storm}: the model asked to retry in {wait:.0f} s."
+               if wait == retry_after else
+               f"Rate limited{storm}: retrying in {wait:.0f} s (the model asked for "
+               f"{retry_after:.0f} s).")
+    return StepOutcome(summary, "llm.wait",
+                       retry=Wait(wait, in_row, error, quiet=in_row & (in_row - 1) != 0))
 
 
 def _duration(elapsed: timedelta) -> str:

@@ -20,11 +20,13 @@ class Finish:
 @dataclass(frozen=True)
 class Wait:
     """A wait before the step is taken again, with no step recorded (rate limits, provider
-    faults): an event on the run page says why and for how long."""
+    faults): an event on the run page says why and for how long, unless `quiet` (a wait
+    like the ones just announced: a storm of them would bury the run's log)."""
 
     seconds: float
     attempt: int
     reason: str
+    quiet: bool = False
 
 
 @dataclass

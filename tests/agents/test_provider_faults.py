@@ -142,6 +142,42 @@ def test_a_short_rate_limit_re_schedules_the_step_instead_of_sleeping_in_the_wor
     assert run.step_count == 1
 
 
+def test_a_storm_of_429s_backs_off_and_logs_only_at_powers_of_two_until_the_model_answers(
+    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    """A server that answers "retry in 0 s" twenty times: the step is asked once per task (no
+    sleep in a worker), the waits grow from the second 429 as a fault's backoff would, the
+    run's log gets the 1st, 2nd, 4th, 8th and 16th, and the first answer ends the storm."""
+    goal = llm_goal()
+    for _ in range(20):
+        stub.push(rate_limited(0))
+    stub.push(completion(tool_calls=[call("list_files", glob="*.toml")]))
+    countdowns: list[Any] = []
+    with django_capture_on_commit_callbacks(execute=False):
+        run = run_start(goal=goal, user=engineer)
+    for _ in range(20):
+        with django_capture_on_commit_callbacks(execute=False) as queued:
+            run = step(run)
+        countdowns += [c for c in queued if "_enqueue_step" in c.__qualname__]
+        assert run.status == AgentRun.Status.RUNNING and run.step_count == 0
+
+    seen = waits(run)
+    assert [w["attempt"] for w in seen] == [1, 2, 4, 8, 16]
+    assert [w["retry_in"] for w in seen] == [0, 2.0, 8.0, 60.0, 60.0]  # capped at a minute
+    assert all("429" in w["reason"] for w in seen)
+    assert len(countdowns) == 20 and len(stub.requests) == 20  # one request per step task
+    assert run.provider_failing_since is None  # a rate limit is not a fault
+    assert run.state["rate_limited_in_row"] == 20
+    last = run.events.filter(kind="wait").order_by("seq").last()
+    assert last is not None and last.message == (
+        "Rate limited (16 rate limits in a row): retrying in 60 s (the model asked for 0 s).")
+
+    with django_capture_on_commit_callbacks(execute=False):
+        run = step(run)
+    assert run.step_count == 1 and "rate_limited_in_row" not in run.state
+
+
 def test_a_5xx_with_retry_after_waits_as_asked_within_the_retry_window(
     stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
     django_capture_on_commit_callbacks: Any, settings: Any,
