@@ -432,6 +432,8 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "infraops.project.urls"
+# Django's form renderer, with selects drawn in Python (infraops/project/formrenderer.py).
+FORM_RENDERER = "infraops.project.formrenderer.FormRenderer"
 ASGI_APPLICATION = "infraops.project.asgi.application"
 
 TEMPLATES = [
