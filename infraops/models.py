@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from decimal import Decimal
 from pathlib import Path
@@ -96,9 +97,17 @@ class Target(models.Model):
         if not self.manifest_text or self.manifest_errors:
             return None
         try:
-            return parse_manifest(self.manifest_text)
+            return _parsed_manifest(self.manifest_text)
         except ManifestError:
             return None
+
+
+@functools.lru_cache(maxsize=128)
+def _parsed_manifest(text: str) -> Manifest:
+    """parse_manifest, once per process for each text: the dashboard and the goal pages read
+    every target's manifest on every request (a millisecond of TOML each). A Manifest is a
+    frozen dataclass: its readers share it and change nothing of it."""
+    return parse_manifest(text)
 
 
 class TargetMembership(models.Model):
