@@ -327,6 +327,43 @@ def repo_fetch(repo: Path, *, remote: str = "origin", timeout: float = 300) -> N
 
 # --------------------------------------------------------------------------- reading
 
+_SHA = re.compile(rb"[0-9a-f]{40}")
+# A branch name read from files without git: git's own rules keep "..", control characters,
+# "@{" and the rest out of a ref; this allows the plain names and falls back to git otherwise.
+_PLAIN_BRANCH = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]{0,199}")
+
+
+def branch_tip(repo: Path, branch: str) -> str:
+    """The full sha ``refs/heads/<branch>`` points at, read from the repository's files as
+    git writes them (the loose ref, else packed-refs): a page that shows whether a base moved
+    asks on every read, and a git process each time cost more than the rest of the check.
+    Anything else (a symbolic ref, the reftable format, a name with unusual characters, a
+    file that does not read as a sha) is git's: ``rev_parse``. Raises GitError as it does."""
+    if (not _PLAIN_BRANCH.fullmatch(branch) or ".." in branch or "//" in branch
+            or branch.endswith(("/", ".", ".lock")) or "/." in branch
+            or (repo / "reftable").exists()):
+        return rev_parse(repo, f"refs/heads/{branch}")
+    ref = f"refs/heads/{branch}".encode()
+    try:
+        loose = (repo / "refs" / "heads" / branch).read_bytes().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        loose = b""
+    except OSError:
+        return rev_parse(repo, f"refs/heads/{branch}")
+    if loose:
+        return loose.decode() if _SHA.fullmatch(loose) else rev_parse(repo, ref.decode())
+    try:
+        packed = (repo / "packed-refs").read_bytes()
+    except FileNotFoundError:
+        packed = b""
+    except OSError:
+        return rev_parse(repo, f"refs/heads/{branch}")
+    for line in packed.splitlines():
+        sha, _, name = line.partition(b" ")
+        if name == ref and _SHA.fullmatch(sha):
+            return sha.decode()
+    raise GitError(f"unknown revision {ref.decode()!r} in {repo}.")
+
 
 def rev_parse(repo: Path, rev: str) -> str:
     """Resolve ``rev`` to the full sha of a commit (tags are peeled).

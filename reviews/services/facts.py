@@ -62,7 +62,7 @@ def change_facts(change: Change, *, head: str | None = None, base: str | None = 
     base = base or change.base_commit
     experiment = experiment if experiment is not None else change.experiment
     try:
-        tip: str | None = gitops.rev_parse(target.clone_path, f"refs/heads/{target.base_branch}")
+        tip: str | None = gitops.branch_tip(target.clone_path, target.base_branch)
     except gitops.GitError:
         tip = None
     version = change.goal_version

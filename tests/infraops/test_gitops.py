@@ -682,3 +682,32 @@ def test_git_follows_no_redirect(tmp_path: Path) -> None:
         server.shutdown()
         server.server_close()
     assert _Redirects.followed == []
+
+
+# --------------------------------------------------------------------------- branch tips
+
+
+def test_a_branch_tip_read_from_the_files_is_what_git_says_loose_packed_and_moved(
+    tmp_path: Path,
+) -> None:
+    repo = _origin(tmp_path)
+    head = gitops.rev_parse(repo, "refs/heads/main")
+    assert gitops.branch_tip(repo, "main") == head  # the loose ref
+    gitops.git(repo, "pack-refs", "--all")
+    assert not (repo / "refs" / "heads" / "main").exists()
+    assert gitops.branch_tip(repo, "main") == head  # from packed-refs
+    moved = _commit_on(repo, tmp_path, "main", {"README.md": "moved\n"}, "moved")
+    gitops.git(repo, "update-ref", "refs/heads/main", moved)
+    assert gitops.branch_tip(repo, "main") == moved  # a new loose ref over the packed one
+    gitops.git(repo, "branch", "feature/x", head)
+    assert gitops.branch_tip(repo, "feature/x") == head
+
+
+def test_a_branch_tip_that_is_not_a_plain_ref_is_git_s_to_read(tmp_path: Path) -> None:
+    repo = _origin(tmp_path)
+    head = gitops.rev_parse(repo, "refs/heads/main")
+    gitops.git(repo, "symbolic-ref", "refs/heads/alias", "refs/heads/main")
+    assert gitops.branch_tip(repo, "alias") == head  # "ref: refs/heads/main": asked of git
+    for name in ("nope", "../../HEAD", "main/../main", "-main", ".hidden", "x.lock", "a b"):
+        with pytest.raises(GitError):
+            gitops.branch_tip(repo, name)
