@@ -196,3 +196,27 @@ def test_the_llm_agent_s_change_waits_for_a_numerics_review(llm_run: dict[str, A
                  "submit_change"):
         assert f" {step} " in text
     assert "Review required" in page_text("change.html", CP_LLM_RECORDED)
+
+
+# The fla-cp tuner again, on an NVIDIA H100 with the experiment and GPU workers as another
+# host's (`--remote-workers`: a data folder of their own, the web over HTTP), its summary whole
+# this time (`PACK=$OUT/cp-tuner.tgz bench/gpu_device.sh run /tmp/o --fla --fla-target fla-cp
+# --fla-goal "(tuner)" --max-experiments 1 --remote-workers`, 2026-12-06).
+CP_TUNER_H100 = RECORDED.parent / "cp-tuner-h100"
+
+
+def test_the_cp_tuner_on_a_remote_gpu_worker_fixed_the_merge_at_every_length() -> None:
+    summary = json.loads((CP_TUNER_H100 / "summary.json").read_text())
+    assert summary["remote_worker_cache"] == ["target-4.git"]  # fetched over HTTP, its own
+    [run] = summary["runs"]
+    assert run["goal"]["policy"] == "tuner" and run["run"]["stop_reason"] == "submitted change 1"
+    [trial] = run["run"]["trials"]
+    assert trial["params"] == {"cp_dot_precision": "tf32x3"}
+    [experiment] = run["experiments"]
+    assert experiment["queue"] == "experiments.gpu" and experiment["executions"] == 6
+    errors = experiment["rel_error_baseline_candidate"]
+    assert len(errors) == 4 and all(base > 1e-3 and cand < 1e-6
+                                    for base, cand in errors.values())
+    assert run["change"]["status"] == "pending_review"
+    assert run["change"]["risk_classes"] == ["numerics"]
+    assert "Review required" in page_text("change.html", CP_TUNER_H100)
