@@ -316,7 +316,8 @@ def _rate_limited(run: AgentRun, retry_after: float, error: str) -> StepOutcome:
     and the run's wall-time budget bounds it. In a storm (429 after 429, no answer between)
     the waits also grow as a provider fault's backoff does, from the second 429 on, so that a
     server saying "retry in 0 s" forever is not asked hundreds of times a minute; and only
-    the 1st, 2nd, 4th, 8th ... 429 in a row is an event on the run page, saying how many."""
+    the 1st, 2nd, 4th, 8th ... 429 in a row is an event on the run page, saying how many.
+    Its attempt stays 0: attempts count a provider's faults, and a rate limit is none."""
     in_row = int(run.state.get("rate_limited_in_row", 0)) + 1
     run.state["rate_limited_in_row"] = in_row
     floor = 0.0 if in_row == 1 else min(RETRY_FIRST_WAIT * 2 ** (in_row - 2), RETRY_LONGEST_WAIT)
@@ -327,7 +328,7 @@ def _rate_limited(run: AgentRun, retry_after: float, error: str) -> StepOutcome:
                f"Rate limited{storm}: retrying in {wait:.0f} s (the model asked for "
                f"{retry_after:.0f} s).")
     return StepOutcome(summary, "llm.wait",
-                       retry=Wait(wait, in_row, error, quiet=in_row & (in_row - 1) != 0))
+                       retry=Wait(wait, 0, error, quiet=in_row & (in_row - 1) != 0))
 
 
 def _duration(elapsed: timedelta) -> str:

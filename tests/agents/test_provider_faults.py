@@ -163,15 +163,15 @@ def test_a_storm_of_429s_backs_off_and_logs_only_at_powers_of_two_until_the_mode
         assert run.status == AgentRun.Status.RUNNING and run.step_count == 0
 
     seen = waits(run)
-    assert [w["attempt"] for w in seen] == [1, 2, 4, 8, 16]
-    assert [w["retry_in"] for w in seen] == [0, 2.0, 8.0, 60.0, 60.0]  # capped at a minute
-    assert all("429" in w["reason"] for w in seen)
+    messages = [e.message for e in run.events.filter(kind="wait").order_by("seq")]
+    assert messages == ["Rate limited: the model asked to retry in 0 s."] + [
+        f"Rate limited ({n} rate limits in a row): retrying in {wait} s (the model asked for "
+        "0 s)." for n, wait in ((2, 2), (4, 8), (8, 60), (16, 60))]  # capped at a minute
+    assert [w["retry_in"] for w in seen] == [0, 2.0, 8.0, 60.0, 60.0]
+    assert all("429" in w["reason"] and w["attempt"] == 0 for w in seen)  # no fault's attempt
     assert len(countdowns) == 20 and len(stub.requests) == 20  # one request per step task
     assert run.provider_failing_since is None  # a rate limit is not a fault
     assert run.state["rate_limited_in_row"] == 20
-    last = run.events.filter(kind="wait").order_by("seq").last()
-    assert last is not None and last.message == (
-        "Rate limited (16 rate limits in a row): retrying in 60 s (the model asked for 0 s).")
 
     with django_capture_on_commit_callbacks(execute=False):
         run = step(run)
