@@ -31,6 +31,9 @@ TOP_SPANS = 8
 MIN_SHARE = 0.01  # spans shorter than this share of the trace are not paired for overlap
 TOP_CHANGES = 5
 PAIR_SHARE = 0.10  # a span that ran this share of a grown span's idle time is paired with it
+# A never-overlapping pair is told from its smaller span's thread unless that thread sat idle
+# for less than this share of the other span's time and the other thread did for more.
+WAITED_SHARE = 0.10
 SIDES = ("baseline", "candidate")
 MIN_CHANGE = 0.10  # a span whose total changed less than this is not reported
 MAX_REPEAT_TRACES = 6  # traces a side read to confirm a span change
@@ -113,9 +116,14 @@ def overlap_findings(probe: str, variant: str, trace: traces.Trace, evidence: di
                      *, side: str = "", other: traces.Trace | None = None,
                      rows: list[traces.SpanStats] | None = None) -> list[Finding]:
     """Pairs of substantial spans (the TOP_SPANS longest in total, each at least MIN_SHARE of
-    the trace) on different threads that never run at the same time, each reported once, the
-    smaller span first. `side` ("baseline" or "candidate") is the side of `trace`; `other`, the
-    other side's trace, gives the pair's overlap there too."""
+    the trace) on different threads that never run at the same time, each reported once: the
+    pair is judged with the smaller span first (its overlap is the stricter) and told from its
+    thread ("thread mooncake sat idle for 60% of the time main ran dispatch"), unless that
+    thread hardly waited (under WAITED_SHARE of the other's time) and the other one did: then
+    from the other's. A transfer stretched by a loaded machine past dispatch's total would
+    otherwise turn the pair round into "main sat idle for 0%". `side` ("baseline" or
+    "candidate") is the side of `trace`; `other`, the other side's trace, gives the pair's
+    overlap there too."""
     rows = traces.span_stats(trace) if rows is None else rows
     span = max(trace.end_us - trace.start_us, 1.0)
     totals: dict[str, float] = defaultdict(float)
@@ -134,11 +142,16 @@ def overlap_findings(probe: str, variant: str, trace: traces.Trace, evidence: di
             result = traces.overlap(trace, a, b)
             if not feedback.never_overlaps(result):
                 continue
-            by_side = _by_side(side, result, other, a, b)
+            first, then = a, b
             note, held = _held(trace, a, b, threads[a], threads[b])
+            turned_note, turned = _held(trace, b, a, threads[b], threads[a])
+            if _idle_share(held) < WAITED_SHARE <= _idle_share(turned):
+                first, then, note, held = b, a, turned_note, turned
+                result = traces.overlap(trace, b, a)
+            by_side = _by_side(side, result, other, first, then)
             finding = feedback.overlap_finding(
                 probe, variant, result, evidence | held, by_side=by_side,
-                attribution=attributions.get(a), notes=[note] if note else [])
+                attribution=attributions.get(first), notes=[note] if note else [])
             if finding is not None:
                 found.append(finding)
     return found
@@ -220,6 +233,12 @@ def _held(trace: traces.Trace, a: str, b: str, a_threads: set[str],
     note = (f"thread {thread} sat idle for {idle_during / held_us:.0%} of the time {holders} "
             f"ran {b} ({idle_during / 1000:.1f} of {held_us / 1000:.1f} ms)")
     return note, {"idle_during_us": idle_during, "held_us": held_us}
+
+
+def _idle_share(held: dict[str, Any]) -> float:
+    """The share of the other span's time that the first span's thread sat idle (0 without
+    the evidence)."""
+    return float(held["idle_during_us"]) / float(held["held_us"]) if held else 0.0
 
 
 def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -236,3 +236,18 @@ def test_a_grown_span_is_never_paired_with_itself_on_another_thread() -> None:
     [grew] = [f for f in found if f.kind == "span-grew"]
     assert "kv_transfer overlapped kv_transfer" not in grew.detail
     assert "overlap_by_side" not in grew.evidence
+
+
+def test_a_pair_is_told_from_the_thread_that_waited_even_when_its_span_is_the_longer() -> None:
+    """On a loaded machine the transfer may take longer in total than dispatch or combine: the
+    pair is still told from mooncake's side, the thread that sat idle, not "main sat idle for
+    0%" (a fresh-clone run on 2026-12-06 turned it round so)."""
+    events = [complete("dispatch", 0, 100), complete("combine", 100, 100),
+              complete("schedule", 200, 200), complete("kv_transfer", 200, 200, MOONCAKE)]
+    found = overlap_findings("p", "default, baseline", trace_of(*events), {"probe": "p"},
+                             side="baseline")
+    titles = {f.title.removeprefix("p [default, baseline] "): f.detail for f in found}
+    assert set(titles) == {"kv_transfer never overlaps dispatch",
+                           "kv_transfer never overlaps combine"}
+    assert "thread mooncake sat idle for 100% of the time main ran dispatch" in \
+        titles["kv_transfer never overlaps dispatch"]
