@@ -13,8 +13,10 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 /usr/bin/python3 -c 'import numpy' 2>/dev/null || need_apt+=(python3-numpy)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "Installing Debian packages: ${need_apt[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  # Another apt-get at work (a second set-up beside this one) holds dpkg's lock: wait for it.
+  wait_lock=(-o DPkg::Lock::Timeout=600)
+  apt-get "${wait_lock[@]}" update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get "${wait_lock[@]}" install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
 # Probes run as this dedicated non-root user inside bubblewrap (docs/product.md, "Sandbox").
