@@ -64,7 +64,7 @@ def corpus(folder: Path = CORPUS) -> list[Entry]:
     """(file name, labelled classes, diff text) of every entry of the set in ``folder``."""
     index = tomllib.loads((folder / "index.toml").read_text())
     return [(entry["file"], set(entry["labels"]), (folder / entry["file"]).read_text())
-            for entry in index["diff"]]
+            for entry in index.get("diff", [])]
 
 
 def score(entries: list[Entry], prefix: str, recall_target: float,
@@ -133,10 +133,15 @@ def main() -> int:
     figure("risk_harmless_flagged", flagged, "diffs")
     if flagged:
         missed.append("risk_harmless_flagged")
-    held_out, flagged, harmless = score(corpus(VALIDATION), "validation_", 0.95, verbose)
-    rate = flagged / harmless if harmless else 0.0
-    figure("risk_validation_harmless_flagged_rate", rate, "ratio")
-    missed += held_out + (["risk_validation_harmless_flagged_rate"] if rate > 0.10 else [])
+    validation = corpus(VALIDATION)
+    if validation:
+        held_out, flagged, harmless = score(validation, "validation_", 0.95, verbose)
+        rate = flagged / harmless if harmless else 0.0
+        figure("risk_validation_harmless_flagged_rate", rate, "ratio")
+        missed += held_out + (["risk_validation_harmless_flagged_rate"] if rate > 0.10 else [])
+    else:
+        print(f"validation: n/a (no diffs in {VALIDATION.relative_to(ROOT)}/index.toml yet): "
+              "no validation figures", flush=True)
     big = big_diff(entries)
     best = float("inf")
     for _ in range(1 if args.smoke else REPEAT):
