@@ -40,7 +40,9 @@ def analyse(change: FileChange, moves: MoveIndex | None = None) -> list[Ordered]
     if change.binary or not change.hunks:
         return found
     language = files.language(change.path, _first_line(change))
-    return found + family_findings(change, language, found, moves)
+    families = family_findings(change, language, found, moves)
+    return [(order, finding) for order, finding in found
+            if not families.supersedes(order, finding)] + families.findings
 
 
 def _analysers(change: FileChange, moves: MoveIndex | None) -> list[Ordered]:

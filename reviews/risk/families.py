@@ -28,8 +28,11 @@ from reviews.risk.findings import MAX_TEXT, Finding
 from reviews.risk.lexers import Lexed, lex_c, lex_python
 from reviews.risk.lines import Ordered
 from reviews.risk.signatures import (
+    ACCUMULATION,
     ATOMICS,
     CONCURRENCY,
+    DEPLOY,
+    KERNEL,
     NUMERICS,
     PRECISION,
     PRODUCTION,
@@ -40,10 +43,12 @@ from reviews.risk.signatures import (
     UNSURE,
 )
 
+Order = tuple[int, int]
+
 _NUMBER = re.compile(r"(?<![\w.])(?:0[xX][0-9a-fA-F]+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+)"
                      r"[uUlLfF]*")
 _TILE_NAME = (r"(?:\w*(?:BLOCK|TILE|SPLIT|SPLITS|CHUNK|WARPS|STAGES|TACTICS?|CONFIGS?)\w*|"
-              r"\w*(?:block|tile|split|chunk)_\w*|\w*_(?:block|tile|tiles|split|splits|chunk)|"
+              r"\w*(?:block|tile|split|splits|chunk)_\w*|\w*_(?:block|tile|tiles|split|splits|chunk)|"
               r"num_warps|num_stages|num_ctas|B[TKVSMNDCH]|BLOCK|BS|NV|NK)")
 _TILING = re.compile(rf"(?:^|[\s,(]){_TILE_NAME}\s*(?::\s*[\w.\[\], ]+)?=(?!=)|"
                      r"\btriton\.Config\(|\bfor\s+B[A-Z]?\s+in\s+\[")
@@ -57,7 +62,8 @@ _FLOAT_ATOMIC = re.compile(r"\b(?:atomicAdd\w*|atomic_add|atomic_fetch_add|atomi
 _WARP_SYNC = re.compile(r"\b(?:__shfl\w*|__ballot_sync|__any_sync|__all_sync|__activemask|"
                         r"__syncwarp|__syncthreads\w*|__threadfence\w*|memory_fence\w*|"
                         r"barrier_block|named_barrier\w*|mbarrier\w*|fence_\w+|"
-                        r"debug_barrier|cp_async_wait\w*)\b|\bbar(?:rier)?\.(?:sync|arrive)\b|"
+                        r"debug_barrier|cp_async_wait\w*|\w*tma_store_wait\w*|\w*store_wait\w*|"
+                        r"fence_view_async\w*|wait_group\w*)\b|\bbar(?:rier)?\.(?:sync|arrive)\b|"
                         r"\bfence\.\w+")
 _ENV_SET = re.compile(r"\b(?:os\.environ\s*\[[^\]]*\]\s*=(?!=)|os\.environ\.(?:setdefault|"
                       r"update)\s*\(|os\.putenv\s*\(|(?:setenv|putenv)\s*\()")
@@ -65,7 +71,7 @@ _ENV_CONCURRENCY = re.compile(r"(?i)THREADS|CONNECTIONS|BLOCKING|ASYNC|STREAMS|W
 _REPLICAS = re.compile(r"\b(?:(?:num|min|max|initial)_replicas|replicas|(?:min|max)_containers|"
                        r"keep_warm|buffer_containers|scaledown_window|autoscaling_config|"
                        r"max_ongoing_requests|max_concurrent_queries|allow_concurrent_inputs|"
-                       r"concurrency_limit|num_gpus)\s*[=:]")
+                       r"concurrency_limit|num_gpus)[\"']?\s*[=:]")
 _DECORATOR = re.compile(r"^\s*@")
 _DTYPE = re.compile(r"\b(?:torch|tl|np|numpy|jnp|cutlass|cute)\.(?:u?int\d+|float\d*\w*|bfloat16|"
                     r"half|double|e4m3\w*|e5m2\w*)\b|\bdtype\s*=|\.(?:half|float|double|"
@@ -80,6 +86,47 @@ _TRAILING_COMMA = re.compile(r",([)\]}])")
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _DEF = re.compile(r"^\s*(?:async\s+def|def|class|import|from|@)\b|^\s*@")
 _INTEGER_INCREMENT = re.compile(r",\s*-?\d+\s*\)")
+# A tile size computed rather than written (BK = triton.next_power_of_2(K)).
+_SIZE_CALL = re.compile(r"\b(?:next_power_of_2|next_pow2|cdiv|ceil_div|min|max)\s*\(")
+# Only a Triton program calls tl.*: a changed tl call is a kernel change wherever it sits.
+_TRITON_CALL = re.compile(r"\btl\.\w+\s*\(")
+# Seeding the generators (a seed call added or removed changes the numbers drawn).
+_SEED_CALL = re.compile(r"\b(?:manual_seed(?:_all)?|set_seed|seed_everything|"
+                        r"(?:np\.|numpy\.)?random\.seed|default_rng)\s*\(")
+# The target of an assignment or a #define: `NAME = v`, `const int kName = v`, `#define NAME v`.
+_TARGET = re.compile(r"^\s*#\s*define\s+(\w+)\s|^[^=(\[{]*?\b(\w+)\s*(?::[^=]*)?"
+                     r"(?<![<>!=+\-*/%&|^])=(?!=)")
+_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+# Names of a number format: a quantisation scale, a width in bits, an epsilon, a clamp.
+_FORMAT_WORDS = frozenset({"scale", "scales", "bits", "eps", "epsilon", "amax", "mantissa",
+                           "exponent", "softcap", "clamp", "clip"})
+# Names of how long a thread waits or polls before it gives up.
+_WAIT_WORDS = frozenset({"timeout", "timeouts", "poll", "polls", "polling", "spin", "wait",
+                         "waits", "deadline", "retries", "backoff", "heartbeat"})
+# How many blocks run at once, which a grid-wide barrier or a persistent kernel relies on.
+_RESIDENCY = re.compile(r"\b(?:num_sms|sm_count|num_sm|multiProcessorCount|\w*MultiCTA\w*|"
+                        r"\w*multi_cta\w*|\w*[Cc]ooperative\w*|\w*max_active_blocks\w*|"
+                        r"\w*OccupancyMaxActive\w*)\b")
+# A guard on a program, lane or thread index: which of them write.
+_GUARD = re.compile(r"^\s*(?:el(?:se\s+)?if|if)\b\s*\(?\s*(?:[\w.]*\b(?:i_[a-z]\w*|pid\w*|"
+                    r"program_id\w*|lane(?:_id|_idx|Id|Idx)?|warp_(?:id|idx)|thread_?(?:id|idx)|"
+                    r"tid|threadIdx\.[xyz]|blockIdx\.[xyz])\b|tl\.program_id\(|"
+                    r"[\w:]*elect_one\w*\()")
+_STORE = re.compile(r"\btl\.(?:store|atomic_\w+)\(|\b\w+\s*\[[^\]]*\]\s*=(?!=)|"
+                    r"^\s*\*\s*\w+\s*=(?!=)|\b(?:st|red|atomic)_\w+\s*\(|\batomic\w*\(|"
+                    r"\w+_store\w*\(")
+# A warp shuffle whose lanes are summed rounds; one that takes a max, a min or a lane's value
+# (a broadcast) does not: its mask, width and offsets are concurrency only.
+_SHUFFLE = re.compile(r"__shfl\w*|__reduce_\w+_sync")
+_SUMMED = re.compile(r"[-+*]=|[-+*]\s*__shfl|__shfl\w*\s*\([^;]*\)\s*[-+*]")
+_LOOP_VAR = re.compile(r"^\s*for\s*\(\s*(?:[\w:]+\s+)*(\w+)\s*=")
+# Build recipes (setup.py and the extension builders): what is linked, for which arch, under
+# which build environment is what production runs, not a collective or a thread.
+_BUILD_FILE = re.compile(r"\b(?:setuptools|CUDAExtension|CppExtension|BuildExtension|"
+                         r"extra_link_args|extra_compile_args|cmdclass)\b")
+_BUILD_LINE = re.compile(r"(?i)\b(?:extra_link_args|library_dirs|runtime_library_dirs|libraries|"
+                         r"include_dirs|define_macros|\w*soname\w*|rpath|\w*_lib|lib\w+|\w*nccl\w*|"
+                         r"\w*nvshmem\w*|os\.environ|os\.getenv|\w*arch_list\w*|gencode)\b|-l:|\.so\b")
 # Where a changed number decides what runs or how it is computed: kernels, launchers, forward
 # passes, serving and deployment (issue 27, "fail closed"). Known by the path's folders for
 # kernels and deployment, by the lines for the rest: a `serving/` folder also holds plain
@@ -92,30 +139,67 @@ _RISKY_CODE = re.compile(r"@triton\.jit|\btl\.\w|__global__|__device__|\bdef\s+f
                          r"\bos\.environ\b")
 
 
+@dataclass
+class Families:
+    """What the families found in one file, and which of the analysers' findings a family
+    explains better: a concurrency change (a barrier, a shuffle's lanes, a guarded store) is
+    not also a kernel's arithmetic, and a build recipe's library is not a collective."""
+
+    findings: list[Ordered]
+    explained: set[Order]  # lines whose kernel and accumulation findings a family replaces
+    linked: set[Order]  # lines of a build recipe: what is linked, not what synchronises
+
+    def supersedes(self, order: Order, finding: Finding) -> bool:
+        """Whether the analysers' ``finding`` at ``order`` gives way to a family's."""
+        return (order in self.explained and finding.rule in (KERNEL, ACCUMULATION)) or (
+            order in self.linked and finding.category == CONCURRENCY)
+
+
 def family_findings(change: FileChange, language: str | None, found: Sequence[Ordered],
-                    moves: MoveIndex | None = None) -> list[Ordered]:
+                    moves: MoveIndex | None = None) -> Families:
     """The families' findings of one file and, when nothing at all was found in a file that
     runs kernels or serves, the fail-closed ``unclassified`` ones (see the module docstring)."""
     test = files.is_test(change.path)
     code = language in (files.PYTHON, files.CYTHON, files.NATIVE, files.SHADER)
     config = language in files.CONFIG_LANGUAGES
+    families = Families([], set(), set())
     if not (code or config):
-        return []
-    lexer = lex_python if language in (files.PYTHON, files.CYTHON) else lex_c
-    out: list[Ordered] = []
+        return families
+    python = language in (files.PYTHON, files.CYTHON)
+    lexer = lex_python if python else lex_c
+    out = families.findings
     unsure: list[Ordered] = []
     risky = not test and code and _holds_risky_code(change)
+    build = python and not test and _is_build_recipe(change)
+    # Where the analysers saw no kernel (its def out of the hunk's sight), a tl.* call says one.
+    unseen_kernel = python and not any(f.category == NUMERICS for _, f in found)
     for h, hunk in enumerate(change.hunks):
+        lines = list(_lines(hunk, lexer, config))
         if code and not test:
             out += [((h, i), _finding(change, hunk.lines[i], SYNC, CONCURRENCY,
                                       "moves code across a barrier: what the other threads "
                                       "see when they pass it"))
                     for i in _across_barrier(hunk)]
-        for i, line in enumerate(_lines(hunk, lexer, config)):
+            for i, reason in _lanes_and_writers(lines):
+                families.explained.add((h, i))
+                out.append(((h, i), _finding(change, hunk.lines[i], SYNC, CONCURRENCY, reason)))
+        for i, line in enumerate(lines):
             if line.kind == CONTEXT:
                 continue
             order = (h, i)
-            hits = (_test_hits if test else _config_hits if config else _code_hits)(line)
+            if test:
+                hits = _test_hits(line)
+            elif config:
+                hits = _config_hits(line)
+            else:
+                hits = _code_hits(line, unseen_kernel)
+                if order in families.explained:  # concurrency only, as the analysers'
+                    hits = [hit for hit in hits if hit[1] != NUMERICS]
+                if build and _BUILD_LINE.search(line.text) and not _untouched(line.code, line):
+                    families.linked.add(order)
+                    hits = [(DEPLOY, PRODUCTION, "changes a build recipe's libraries, link "
+                             "arguments, architectures or build environment: the binary "
+                             "production runs")] + [hit for hit in hits if hit[1] != CONCURRENCY]
             out += [(order, _finding(change, hunk.lines[i], rule, category, reason))
                     for rule, category, reason in hits]
             moved = moves is not None and moves.elsewhere(change.path, hunk.lines[i])
@@ -124,9 +208,10 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
                     change, hunk.lines[i], UNSURE, UNCLASSIFIED,
                     "changes a number, dtype, call argument or environment value in code that "
                     "runs kernels or serves, and no rule knows it: a reviewer decides")))
-    if not found and not out:
-        return unsure
-    return out
+    kept = [(order, f) for order, f in found if not families.supersedes(order, f)]
+    if not kept and not out:
+        families.findings = unsure
+    return families
 
 
 @dataclass(frozen=True)
@@ -140,6 +225,7 @@ class _Line:
     twin: str | None  # the other side's line of the same shape, numbers aside
     kin: str | None  # the other side's line of the same form, numbers and names aside
     other: str  # every line of the other side, joined: what the change did not touch
+    decorated: bool = False  # inside a decorator's call (``@serve.deployment(`` above)
 
 
 def _lines(hunk: Hunk, lexer: Callable[[Sequence[str]], list[Lexed]],
@@ -158,17 +244,21 @@ def _lines(hunk: Hunk, lexer: Callable[[Sequence[str]], list[Lexed]],
             sides[line.kind].append(" ".join(code.split()))
     joined = {kind: "\n".join(lines) + "\n" + _squash("".join(lines))
               for kind, lines in sides.items()}
+    depth = 0  # open brackets of a decorator's call
     for line, code in zip(hunk.lines, masked, strict=True):
+        decorated = depth > 0 or bool(_DECORATOR.match(code))
+        if decorated:
+            depth = max(0, depth + code.count("(") - code.count(")"))
         if _OPENS_TABLE.match(code):
             table = code
         elif code.strip()[:1] in ("]", ")", "}") and not code.startswith((" " * 8, "\t\t")):
             table = ""
         if line.kind == CONTEXT:
-            yield _Line(line.kind, line.text, code, table, None, None, "")
+            yield _Line(line.kind, line.text, code, table, None, None, "", decorated)
             continue
         other = REMOVED if line.kind == ADDED else ADDED
         yield _Line(line.kind, line.text, code, table, shapes[other].get(_shape(code)),
-                    forms[other].get(_form(code)), joined[other])
+                    forms[other].get(_form(code)), joined[other], decorated)
 
 
 def _across_barrier(hunk: Hunk) -> list[int]:
@@ -223,13 +313,15 @@ def _numbers_differ(line: _Line) -> bool:
 _Hit = tuple[str, str, str]
 
 
-def _code_hits(line: _Line) -> list[_Hit]:
+def _code_hits(line: _Line, unseen_kernel: bool = False) -> list[_Hit]:
     code, text = line.code, line.text
     hits: list[_Hit] = []
     tiling = (_TILING.search(code) or line.table) and not _untouched(code, line)
-    if line.kin is not None and not _numbers_differ(line):
+    renamed = line.kin is not None and not _numbers_differ(line)
+    if renamed:
         tiling = False  # a rename
-    if tiling and _NUMBER.search(code + (line.twin or "")):
+    if tiling and (_NUMBER.search(code + (line.twin or "")) or _SIZE_CALL.search(code)
+                   or _new(_TILING, line)):
         hits.append((PRECISION, NUMERICS, "changes a tile, block, split or warp size: the "
                      "reduction order and so the rounding of the result"))
     if _new(_FLOAT_ATOMIC, line):
@@ -247,14 +339,80 @@ def _code_hits(line: _Line) -> list[_Hit]:
         if _ENV_CONCURRENCY.search(text):
             hits.append((THREADS, CONCURRENCY, "sets an environment variable that decides "
                          "threads, streams, connections or blocking"))
-    if _REPLICAS.search(code) and (_DECORATOR.match(code) or "deploy" in code) and (
+    if _REPLICAS.search(text) and (line.decorated or "deploy" in code) and (
             _numbers_differ(line) or _new(_REPLICAS, line)):
         hits.append((SERVING, PRODUCTION, "changes the replicas or containers that serve"))
     if _new(_DTYPE, line):
         hits.append((PRECISION, NUMERICS, "changes a dtype or a cast"))
-    if _SEED.search(code) and _numbers_differ(line):
+    if (_SEED.search(code) and _numbers_differ(line)) or _new(_SEED_CALL, line):
         hits.append((PRECISION, NUMERICS, "changes a random seed"))
+    if unseen_kernel and not renamed and _TRITON_CALL.search(code) and not _untouched(code,
+                                                                                  line):
+        hits.append((KERNEL, NUMERICS, "changes a Triton language call (tl.*), which only a "
+                     "kernel makes: what the kernel loads, computes or stores"))
+    words = _target_words(line)
+    if words & _FORMAT_WORDS:
+        hits.append((PRECISION, NUMERICS, "changes a scale, a width in bits, an epsilon or a "
+                     "clamp: the number format a value is encoded or rounded in"))
+    if words & _WAIT_WORDS:
+        hits.append((THREADS, CONCURRENCY, "changes how long a thread or the host waits or "
+                     "polls before it gives up"))
+    if _new(_RESIDENCY, line) or (_RESIDENCY.search(_target(line) or "") and words):
+        hits.append((SYNC, CONCURRENCY, "changes how many blocks run at once: a grid-wide "
+                     "barrier or a persistent kernel needs all of its blocks resident"))
     return _distinct(hits)
+
+
+def _target(line: _Line) -> str | None:
+    match = _TARGET.match(line.code)
+    return (match.group(1) or match.group(2)) if match else None
+
+
+def _target_words(line: _Line) -> frozenset[str]:
+    """The words of the name a changed line assigns or #defines, when its value changed (a
+    new assignment with a number, or the other side assigns the name another value)."""
+    name = _target(line)
+    if name is None or _untouched(line.code, line):
+        return frozenset()
+    if line.kin is not None and not _numbers_differ(line):
+        return frozenset()  # a rename
+    value = line.code[line.code.index(name) + len(name):]
+    there = re.search(rf"(?m)^.*\b{re.escape(name)}\b\s*(?::[^=\n]*)?=(?!=)(.*)$", line.other)
+    if there is None and not _NUMBER.search(value):
+        return frozenset()
+    if there is not None and _NUMBER.findall(there.group(1)) == _NUMBER.findall(value):
+        return frozenset()
+    return frozenset(word.lower() for word in _WORDS.findall(name))
+
+
+def _lanes_and_writers(lines: Sequence[_Line]) -> Iterator[tuple[int, str]]:
+    """Concurrency that the analysers read as a kernel's arithmetic: a guard on a program,
+    lane or thread index put on (or taken off) a store (which of them write one address), a
+    warp shuffle that does not sum (its mask, width and the loop over its offsets decide which
+    lanes meet, not how a sum rounds) and a barrier or wait moved or changed."""
+    for i, line in enumerate(lines):
+        if line.kind == CONTEXT or not line.code.strip() or _untouched(line.code, line):
+            if line.kind != CONTEXT and _WARP_SYNC.search(line.code):
+                yield i, "moves a barrier or a wait: what the threads see when they pass it"
+            continue
+        following = " ".join(later.code for later in lines[i + 1:i + 3])
+        if _GUARD.match(line.code) and _STORE.search(following):
+            yield i, ("guards a store by a program, lane or thread index: which of them "
+                      "write one address, and whether they race")
+        elif _SHUFFLE.search(line.code) and not _SUMMED.search(line.code):
+            yield i, "changes which lanes a warp shuffle reaches (its mask, width or offsets)"
+        elif _WARP_SYNC.search(line.code) and not _SHUFFLE.search(line.code):
+            yield i, "changes a barrier, fence or wait between GPU threads"
+        loop = _LOOP_VAR.match(line.code)
+        if loop and any(_SHUFFLE.search(later.code) and not _SUMMED.search(later.code)
+                        and re.search(rf"\b{loop.group(1)}\b", later.code)
+                        for later in lines[i + 1:i + 3] if later.kind == line.kind):
+            yield i, "changes the offsets a warp shuffle loops over: which lanes meet"
+
+
+def _is_build_recipe(change: FileChange) -> bool:
+    return change.path.rsplit("/", 1)[-1] == "setup.py" or any(
+        _BUILD_FILE.search(line.text) for hunk in change.hunks for line in hunk.lines)
 
 
 def _test_hits(line: _Line) -> list[_Hit]:
@@ -264,7 +422,7 @@ def _test_hits(line: _Line) -> list[_Hit]:
     if line.twin is not None and _TOLERANCE.search(line.code) and _loosened(line):
         hits.append((PRECISION, NUMERICS, "loosens a tolerance in a test: what used to fail "
                      "now passes"))
-    if _SEED.search(line.code) and _numbers_differ(line):
+    if (_SEED.search(line.code) and _numbers_differ(line)) or _new(_SEED_CALL, line):
         hits.append((PRECISION, NUMERICS, "changes the seed a test compares results under"))
     return hits
 

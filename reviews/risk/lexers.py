@@ -162,7 +162,10 @@ _ADJACENT_NAMES = re.compile(r"\b([A-Za-z_]\w*) +([A-Za-z_]\w*)\b(?![(\[.=])")
 
 def looks_like_prose(code: str) -> bool:
     """Whether a line lexed as Python code reads as English: two non-keyword names in a row
-    (not an attribute followed by a name: `x.y if z`)."""
+    (not an attribute followed by a name: `x.y if z`), or a backtick, which Python 3 code never
+    has and reStructuredText and Markdown docstrings quote names in."""
+    if "`" in code:
+        return True
     for match in _ADJACENT_NAMES.finditer(code):
         first, second = match.group(1), match.group(2)
         if first in _PY_KEYWORDS or second in _PY_KEYWORDS:
