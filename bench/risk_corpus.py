@@ -5,7 +5,9 @@
 The corpus is tests/reviews/risk_corpus/ (index.toml: each diff, the set of classes it must
 get, empty for a harmless one, and the public fix it is modelled on): the training set the
 rules were written against. Its validation/ folder (same layout) holds diffs reconstructed
-from real fixes in FLA, DeepEP and FlashInfer that the rules were NOT tuned on; it is scored
+from real fixes in seven other repositories (text-generation-inference, Liger-Kernel,
+flash-attention, torchao, DeepGEMM, FlashMLA, whisper.cpp), built blind to the rules and
+never tuned on; it is scored
 apart, so the figures say how the rules hold on diffs they have never seen. Per set and class:
 
 - risk_recall_<class> / risk_validation_recall_<class>: share of the diffs labelled <class>
