@@ -22,8 +22,9 @@ as an engineer steers a run from its page (the tuner reads `knob=value` as "try 
 Run it with the Python that holds torch and Triton and the product's packages, as root (the
 sandbox user), with INFRAOPS_SANDBOX_TOOLCHAINS naming that Python's environment when it is not
 under /usr: bench/gpu_device.sh does all of it on the lent H200. Writes OUT_DIR/summary.json
-(the run, each experiment with its queue, worker, timings and errors per length, the change and
-its risk), the pages as HTML and the standalone's log; prints the figures.
+(the GPUs by name, the run, each experiment with its queue, worker, timings and errors per
+length, the change and its risk), the pages as HTML and the standalone's log; prints the
+figures.
 
 `--gpu off` is the smoke test of this script on a machine without a GPU: no GPU worker, and the
 demo's CPU twin of the GPU goal (CPU_GOAL: the same merge, kda/**) unless --goal names another.
@@ -60,6 +61,16 @@ GOAL = "Numerics on the GPU: the Triton merge stays close to float64"
 # Without a GPU worker the GPU goal is never started (start_runs: no worker serves its probe).
 CPU_GOAL = "Numerics: the context-parallel merge stays close to the sequential path"
 READY = "InfraOps is running at"
+
+
+def devices() -> list[str]:
+    """The GPUs this host has, as `nvidia-smi -L` names them (none without one): the record says
+    which card its figures come from."""
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in listed.stdout.splitlines() if line.startswith("GPU ")]
 
 
 def main() -> int:
@@ -109,6 +120,7 @@ def main() -> int:
                 os.environ |= {"OPENAI_BASE_URL": f"http://127.0.0.1:{model[1]}/v1",
                                "INFRAOPS_MODEL": "infraops-demo", "OPENAI_API_KEY": "demo"}
         summary = drive(data, args, password, started, standalone, log, servers)
+        summary["devices"] = devices()
         if args.remote_workers:
             summary["remote_worker_cache"] = sorted(
                 path.name for path in (data / "worker-host" / "cache").glob("target-*.git"))
