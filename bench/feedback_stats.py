@@ -72,9 +72,12 @@ change); aa_no_change_rate and aa_no_change_rate_real >= 0.9; instructions_aa_fa
 and instructions_aa_false_alarm_rate_real <= 0.01. instructions_warmup_excess has none. Exits 1
 if one is missed. Lines starting with `#` on stderr tell where the figures come from.
 
---smoke: every figure from a tiny run (seconds, not minutes): SMOKE's trials, runs and
-experiments (one detection experiment at 3 repeats a side, one A/A experiment). It shows that
-the bench runs; the figures mean little, and a missed target is said, not judged (exit 0).
+--smoke: the synthetic figures from a tiny run (seconds): SMOKE's trials and runs. The real
+experiments at SMOKE's size (one detection experiment and one A/A experiment, 5 repeats a
+side) run in the whole suite, through real_instruction_experiments and report_real, in
+tests/infraops/test_instruction_counts.py; the smoke does not repeat them (and needs no
+database). It shows that the bench runs; the figures mean little, and a missed target is said,
+not judged (exit 0).
 """
 
 from __future__ import annotations
@@ -351,6 +354,10 @@ class RealFigures:
     aa_pool: list[float]
     first_run_excess: list[float]  # percent per (experiment, side)
     verdicts_by_repeat: dict[int, str] = field(default_factory=dict)
+    # The experiments themselves (repeats a side -> detection experiment; the A/A ones), read
+    # by tests/infraops/test_instruction_counts.py when it keeps them (`keep=True`).
+    detection: dict[int, Any] = field(default_factory=dict)
+    aa: list[Any] = field(default_factory=list)
 
     @property
     def aa_no_change_rate_real(self) -> float:
@@ -398,10 +405,11 @@ def resampled_aa(pool: list[float], size: Size) -> tuple[float, float]:
     return no_change / size.aa_trials, alarms / size.aa_trials
 
 
-def real_instruction_experiments(size: Size) -> RealFigures:
+def real_instruction_experiments(size: Size, *, keep: bool = False) -> RealFigures:
     """The detection search (repeats size.detect_repeats, smallest first) and
     size.real_aa_experiments A/A experiments, two at a time; every one a fresh experiment of
-    the real path."""
+    the real path. Its target and experiments are deleted afterwards unless `keep` (a test's
+    database, which the test reads and then discards)."""
     from bench import instruction_experiments as ie
 
     problem = ie.env_ready()
@@ -462,9 +470,36 @@ def real_instruction_experiments(size: Size) -> RealFigures:
                   file=sys.stderr)
         excess = [value for experiment in [*detection.values(), *aa]
                   for value in ie.first_run_excess(experiment).values()]
-        return RealFigures(runs, planted, aa_verdicts, pool, excess, verdicts)
+        return RealFigures(runs, planted, aa_verdicts, pool, excess, verdicts, detection, aa)
     finally:
-        ie.delete_targets([name])
+        if not keep:
+            ie.delete_targets([name])
+
+
+def report_real(real: RealFigures, size: Size) -> list[str]:
+    """Print the real experiments' figures, and those resampled from their A/A counts; the
+    names of the targets they miss."""
+    figure("instructions_detect_1_5pct_runs", real.detect_runs, "runs")
+    figure("instructions_planted_ratio", real.planted_ratio, "ratio")
+    figure("aa_no_change_rate_real", real.aa_no_change_rate_real, "ratio")
+    figure("instructions_aa_false_alarm_rate_real", real.aa_false_alarm_rate_real, "ratio")
+    no_change, alarms = resampled_aa(real.aa_pool, size)
+    figure("aa_no_change_rate", no_change, "ratio")
+    figure("instructions_aa_false_alarm_rate", alarms, "ratio")
+    if real.first_run_excess:
+        figure("instructions_warmup_excess", float(np.median(real.first_run_excess)), "percent")
+        print(f"# first-run excess over {len(real.first_run_excess)} sides: "
+              f"{min(real.first_run_excess):.2f}% to {max(real.first_run_excess):.2f}%",
+              file=sys.stderr)
+    print(f"# {len(real.aa_pool)} pooled A/A executions", file=sys.stderr)
+    return [name for name, ok in (
+        ("instructions_detect_1_5pct_runs", real.detect_runs <= 5),
+        ("instructions_planted_ratio", abs(real.planted_ratio - 1.015) <= 0.002),
+        ("aa_no_change_rate_real", real.aa_no_change_rate_real >= 0.9),
+        ("instructions_aa_false_alarm_rate_real", real.aa_false_alarm_rate_real <= 0.01),
+        ("aa_no_change_rate", no_change >= 0.9),
+        ("instructions_aa_false_alarm_rate", alarms <= 0.01),
+    ) if not ok]
 
 
 def main() -> int:
@@ -488,28 +523,6 @@ def main() -> int:
     figure("repeats_3x_one_outlier_mean", outlier_repeats, "repeats")
     runs = instructions_detect_runs(size.max_runs)
     figure("instructions_detect_2pct_runs", runs, "runs")
-    data = setup_django(args.database)
-    try:
-        real = real_instruction_experiments(size)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        shutil.rmtree(data, ignore_errors=True)
-    figure("instructions_detect_1_5pct_runs", real.detect_runs, "runs")
-    figure("instructions_planted_ratio", real.planted_ratio, "ratio")
-    figure("aa_no_change_rate_real", real.aa_no_change_rate_real, "ratio")
-    figure("instructions_aa_false_alarm_rate_real", real.aa_false_alarm_rate_real, "ratio")
-    no_change, alarms = resampled_aa(real.aa_pool, size)
-    figure("aa_no_change_rate", no_change, "ratio")
-    figure("instructions_aa_false_alarm_rate", alarms, "ratio")
-    if real.first_run_excess:
-        figure("instructions_warmup_excess", float(np.median(real.first_run_excess)), "percent")
-        print(f"# first-run excess over {len(real.first_run_excess)} sides: "
-              f"{min(real.first_run_excess):.2f}% to {max(real.first_run_excess):.2f}%",
-              file=sys.stderr)
-    print(f"# {len(real.aa_pool)} pooled A/A executions; bench took "
-          f"{time.monotonic() - started:.0f} s", file=sys.stderr)
     missed = [
         name
         for name, ok in (
@@ -517,15 +530,26 @@ def main() -> int:
             ("detection_rate_10pct_cv5", detected >= 0.95),
             ("detection_rate_3x_one_outlier", outlier >= 0.99),
             ("instructions_detect_2pct_runs", runs <= 5),
-            ("instructions_detect_1_5pct_runs", real.detect_runs <= 5),
-            ("instructions_planted_ratio", abs(real.planted_ratio - 1.015) <= 0.002),
-            ("aa_no_change_rate_real", real.aa_no_change_rate_real >= 0.9),
-            ("instructions_aa_false_alarm_rate_real", real.aa_false_alarm_rate_real <= 0.01),
-            ("aa_no_change_rate", no_change >= 0.9),
-            ("instructions_aa_false_alarm_rate", alarms <= 0.01),
         )
         if not ok
     ]
+    if args.smoke:
+        # The same real experiments at this size (one detection and one A/A experiment, five a
+        # side) run in the whole suite through real_instruction_experiments and report_real
+        # (tests/infraops/test_instruction_counts.py): the smoke does not run them twice.
+        print("# real instruction-count experiments: not in smoke mode (the suite's "
+              "tests/infraops/test_instruction_counts.py runs them)", file=sys.stderr)
+    else:
+        data = setup_django(args.database)
+        try:
+            real = real_instruction_experiments(size)
+        finally:
+            from django.db import connections
+
+            connections.close_all()
+            shutil.rmtree(data, ignore_errors=True)
+        missed += report_real(real, size)
+    print(f"# bench took {time.monotonic() - started:.0f} s", file=sys.stderr)
     if missed:
         print(f"targets missed: {', '.join(missed)}"
               + (" (not judged in smoke mode)" if args.smoke else ""), file=sys.stderr)

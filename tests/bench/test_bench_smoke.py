@@ -65,8 +65,9 @@ SMOKE: dict[str, Smoke] = {
                             why_e2e="a real Celery worker"),
     "faults.py": Smoke(("--smoke",), "pytest", e2e=True, timeout=420,
                        why_e2e="tests/e2e/test_faults.py: redis-server, worker, web, Chromium"),
-    "feedback_stats.py": Smoke(("--smoke", "--database", DATABASE), "own", e2e=True,
-                               why_e2e="real sandboxed experiments under callgrind (a minute)"),
+    # Its real instruction-count experiments run in tests/infraops/test_instruction_counts.py
+    # (through its own code), not a second time here.
+    "feedback_stats.py": Smoke(("--smoke",)),
     "fleet.py": Smoke(("--smoke", "--database", DATABASE), "own", e2e=True,
                       why_e2e="a web and remote Celery workers in mount namespaces of their own"),
     "gpu_worker.py": Smoke((OUT, "--gpu", "off", "--port", PORT, "--remote-workers"), e2e=True,
@@ -98,8 +99,8 @@ NOT_HERE: dict[str, tuple[str, tuple[str, ...]]] = {
 # Modules of the package that are no scripts: each must import (after Django is set up).
 HELPERS: dict[str, str] = {
     "__init__.py": "the helpers the scripts share",
-    "instruction_experiments.py": "feedback_stats.py's real experiments (run by its smoke) and "
-                                  "tests/infraops/test_instruction_counts.py's",
+    "instruction_experiments.py": "feedback_stats.py's real experiments (run at its smoke size "
+                                  "by tests/infraops/test_instruction_counts.py)",
 }
 
 
