@@ -18,6 +18,11 @@ for _ in $(seq 50); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && br
 export DATABASE_URL="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/infraops}"
 export REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379/14}"
 export DJANGO_ALLOW_ASYNC_UNSAFE=true  # Playwright's sync API runs an event loop in the test thread
+# Bytecode is cached: this machine class's environment sets PYTHONDONTWRITEBYTECODE, and then
+# every Python process the suite starts (pytest's workers, the web servers, Celery workers and
+# manage.py commands of the end-to-end tests, the bench smokes) compiles the project's 35,000
+# lines again, about half a second of CPU each, and pytest rewrites every test module again.
+unset PYTHONDONTWRITEBYTECODE
 
 echo "== ruff"; .venv/bin/ruff check .
 # mypy (40 s of one core from a fresh clone) runs beside pytest, whose first minute leaves a
