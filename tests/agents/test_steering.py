@@ -189,7 +189,7 @@ def test_a_best_configuration_that_misses_a_criterion_is_submitted_saying_which_
 
     change = run.changes.get()
     assert run.status == AgentRun.Status.SUCCEEDED
-    assert "it misses 1 criteria" in run.stop_reason
+    assert run.stop_reason.endswith("; it misses 1 criterion")
     assert f"It misses 1 of {len(run.goal_version.spec['criteria'])} acceptance criteria " \
            f"('5% faster': {miss}): the merge gate holds it." in change.hypothesis
     assert "no slower" not in change.hypothesis
