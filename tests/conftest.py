@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import shutil
 import tempfile
@@ -184,6 +185,21 @@ def example_goal(example_target: Target, engineer: User) -> Goal:
 
 SLOW_TESTS = Path(__file__).with_name("slow_tests.txt")
 SLOW_SECONDS = 1.0
+
+
+LONGEST_PARAMETER_ID = 100
+
+
+def pytest_make_parametrize_id(config: pytest.Config, val: object, argname: str) -> str | None:
+    """A parameter of more than LONGEST_PARAMETER_ID characters (the fuzz's megabyte traces,
+    100,000 nested brackets) is named by its length and a hash, not spelt out in its test's id:
+    the id travels in PYTEST_CURRENT_TEST to every process the test starts, and one of 200 KB
+    left none of them room to start (git: "Argument list too long"), besides crossing to the
+    xdist controller with every report."""
+    if isinstance(val, str | bytes) and len(val) > LONGEST_PARAMETER_ID:
+        data = val.encode("utf-8", "surrogatepass") if isinstance(val, str) else val
+        return f"{argname}-{len(val)}-long-{hashlib.sha256(data).hexdigest()[:10]}"
+    return None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

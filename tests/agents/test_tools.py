@@ -316,7 +316,7 @@ def test_schema_errors_are_structured_and_name_the_field(
     ("{'summary': 'x'}", "not valid JSON"),
     ('{"summary": NaN}', "not valid JSON"),
     ("[" * 100_000 + "]" * 100_000, "not valid JSON"),
-])
+], ids=["array", "python-quotes", "nan", "nested-100000-deep"])
 def test_arguments_that_are_not_a_json_object_are_structured_errors(
         ctx: ToolContext, arguments: str, phrase: str) -> None:
     payload = error_of(tool_call(ctx, "finish", arguments))
