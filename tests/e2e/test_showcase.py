@@ -20,6 +20,7 @@ from agents.models import AgentRun
 from agents.scripted.demo import MODEL, DemoModel
 from agents.scripted.endpoint import OpenAIStub
 from reviews.models import Change
+from tests.agents.test_showcase import BY_THE_LLM, NUMERICS
 from tests.e2e.test_thin_loop import sign_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -82,3 +83,23 @@ def test_a_newcomer_watches_the_showcase_find_the_three_problems(
 
     page.goto(f"{live_system}/skeletons/")
     expect(page.locator("main")).to_contain_text("GIL")
+
+    # What the numerics tuner and the demo's model found, as the workers stored it (these runs
+    # are the suite's only runs of those two goals: tests/agents/test_showcase.py drives the
+    # other two tuners in its process).
+    numerics = AgentRun.objects.get(goal_version__goal__name=NUMERICS)
+    change = Change.objects.get(runs=numerics)
+    # The least error of the precisions it tried (README.md says so): ieee's, under tf32x3's.
+    assert '+INPUT_PRECISION = "ieee"' in change.diff and "numerics" in change.risk_classes
+    # The error fell by orders of magnitude: from about 3e-2 at 4096 merges to under 1e-4.
+    trials = {t["params"]["input_precision"]: t for t in numerics.state["trials"]}
+    assert trials["tf32x3"]["candidate"] < 1e-4 < trials["tf32x3"]["baseline"], trials
+
+    by_the_llm = AgentRun.objects.get(goal_version__goal__name=BY_THE_LLM)
+    assert "INPUT_PRECISION tf32 -> tf32x3" in by_the_llm.stop_reason
+    change = Change.objects.get(runs=by_the_llm)
+    assert '+INPUT_PRECISION = "tf32x3"' in change.diff and "numerics" in change.risk_classes
+    # It read the failing case before it edited anything, and checked the fix.
+    names = [c["name"] for s in by_the_llm.steps.order_by("number") for c in s.calls]
+    assert names == ["list_probes", "run_experiment", "case_detail", "search_code",
+                     "read_file", "edit_file", "run_experiment", "submit_change", "finish"]
