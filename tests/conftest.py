@@ -224,8 +224,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     target = session.config.getoption("--record-slow")
     if target and not hasattr(session.config, "workerinput"):  # the xdist controller, or alone
         header = [line for line in SLOW_TESTS.read_text().splitlines() if line.startswith("#")]
-        slow = sorted(node for node, seconds in _durations.items() if seconds >= SLOW_SECONDS)
+        slow = sorted({without_group(node) for node, seconds in _durations.items()
+                       if seconds >= SLOW_SECONDS})
         Path(target).write_text("\n".join(header + slow) + "\n")
+
+
+def without_group(nodeid: str) -> str:
+    """The node id as collected: under --dist loadgroup xdist reports a grouped test's id with
+    `@<group>` after it (an `@` inside a parameter's brackets is the parameter's)."""
+    return nodeid[:nodeid.rfind("@")] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
 
 
 _slow: set[str] | None = None
