@@ -98,13 +98,22 @@ def leases_inside_the_test_transaction(request: pytest.FixtureRequest,
 
 @pytest.fixture
 def fast_password_hashing(settings: Any) -> None:
-    """MD5 for the passwords of the users a test makes: the default hasher costs ~0.2 s each.
+    """MD5 for the passwords of the users a test makes: the default hasher costs 0.2-0.6 s
+    each, and most tests make two or three users. The real hashers stay listed after it, so a
+    password hashed before the switch still checks."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher",
+                                 *settings.PASSWORD_HASHERS]
 
-    Opt-in (`pytestmark = pytest.mark.usefixtures("fast_password_hashing")`), not autouse:
-    the e2e tests (tests/e2e, the e2e-marked ones in tests/infraops) make their users here
-    and sign them in through web processes of their own, which read the real settings and
-    cannot check an MD5 hash."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing_in_process(request: pytest.FixtureRequest) -> None:
+    """Every test gets fast_password_hashing but those whose users sign in through web
+    processes of their own, which read the real settings and cannot check an MD5 hash: the
+    e2e and browser tests, and any test with a live server."""
+    node = request.node
+    if (node.get_closest_marker("e2e") is None and node.get_closest_marker("browser") is None
+            and not {"live_server", "live_system"} & set(request.fixturenames)):
+        request.getfixturevalue("fast_password_hashing")
 
 
 @pytest.fixture
