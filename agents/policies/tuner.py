@@ -453,8 +453,9 @@ def _submit(run: AgentRun, trials: list[dict[str, Any]], spec: dict[str, Any]) -
                        record={"params": best["params"]}, result={"change": change.pk},
                        verdict=f"change {change.pk} {change.status}", experiment=experiment.pk,
                        finish=Finish(AgentRun.Status.SUCCEEDED, _submitted(run, change.pk)
-                                     + (f"; it misses {len(missed)} criteri"
-                                        f"{'on' if len(missed) == 1 else 'a'}" if missed else "")))
+                                     + (f"; it misses {len(missed)} "
+                                        + ("criterion" if len(missed) == 1 else "criteria")
+                                        if missed else "")))
 
 
 def _missed_criteria(experiment: Experiment) -> list[str]:
