@@ -19,7 +19,7 @@ from infraops.models import Experiment, Goal
 from tests.factories import ExperimentFactory
 
 pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
-              pytest.mark.usefixtures("fast_password_hashing"), pytest.mark.django_db]
+              pytest.mark.django_db]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from agents.models import AgentRun
 from infraops.models import Goal
 from tests.factories import AgentRunFactory
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hashing")]
+pytestmark = [pytest.mark.django_db]
 
 
 def cells(page: str, label: str) -> list[str]:

@@ -20,8 +20,6 @@ from reviews.models import Change, ReviewComment, ReviewDecision
 from reviews.services import requested_changes_reap, review_decide
 from tests.factories import AgentRunFactory, ChangeFactory
 
-pytestmark = pytest.mark.usefixtures("fast_password_hashing")
-
 COMMENT = "Batch 8 starves the KV transfer: try batch_size=4"
 
 

@@ -25,7 +25,7 @@ from agents.views import _worker_warning
 from infraops.models import Experiment, Goal
 from tests.factories import AgentRunFactory, ExperimentFactory
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hashing")]
+pytestmark = [pytest.mark.django_db]
 
 
 @pytest.fixture

@@ -27,8 +27,7 @@ from tests.factories import GoalFactory
 
 Sent = Callable[[], list[tuple[str, list[Any]]]]
 
-pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
-              pytest.mark.usefixtures("fast_password_hashing")]
+pytestmark = [pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")]
 
 
 @pytest.fixture

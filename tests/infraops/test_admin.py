@@ -19,8 +19,6 @@ from infraops.models import AcceptanceCriterion, Boundary, Goal, GoalVersion, Ta
 from infraops.services.goals import goal_snapshot
 from tests.conftest import make_origin
 
-pytestmark = pytest.mark.usefixtures("fast_password_hashing")
-
 
 class FormFields(HTMLParser):
     """What a browser would submit from the page's forms with their current values (the

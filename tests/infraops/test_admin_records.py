@@ -21,8 +21,6 @@ from tests.factories import (
 )
 from tests.infraops.test_admin import form_of, new_goal, with_criterion
 
-pytestmark = pytest.mark.usefixtures("fast_password_hashing")
-
 
 @pytest.fixture
 def editor(client: Client, engineer: User) -> Client:

@@ -116,7 +116,6 @@ def prepare(settings: Any, tmp_path: Path, *args: str) -> str:
     return out.getvalue()
 
 
-@pytest.mark.usefixtures("fast_password_hashing")
 def test_prepare_without_a_gpu_worker_says_why_it_loads_no_fla_example(
     settings: Any, tmp_path: Path,
 ) -> None:
@@ -126,7 +125,6 @@ def test_prepare_without_a_gpu_worker_says_why_it_loads_no_fla_example(
     assert set(Target.objects.values_list("name", flat=True)) == {"tiny-serving", "demo-kernels"}
 
 
-@pytest.mark.usefixtures("fast_password_hashing")
 def test_prepare_with_a_gpu_worker_but_another_release_says_what_to_install(
     settings: Any, tmp_path: Path, examples: Path,
 ) -> None:
@@ -140,7 +138,6 @@ def test_prepare_with_a_gpu_worker_but_another_release_says_what_to_install(
     assert not Target.objects.filter(name__startswith="fla-").exists()
 
 
-@pytest.mark.usefixtures("fast_password_hashing")
 def test_prepare_with_a_gpu_worker_loads_the_fla_examples_and_starts_only_the_named_showcase(
     settings: Any, tmp_path: Path, examples: Path,
 ) -> None:
@@ -176,7 +173,6 @@ def test_the_llm_demo_goal_is_measured_by_the_merges_error_not_its_wall_time() -
     assert probe is not None and probe.metric(goal.metric).kind == "error"
 
 
-@pytest.mark.usefixtures("fast_password_hashing")
 def test_a_second_prepare_says_only_what_is_new(settings: Any, tmp_path: Path) -> None:
     """Every start repeated the first start's lines: each example 'ready' with its goals, why
     the FLA examples and the LLM and GPU goals were left out, the showcase's step."""
@@ -193,7 +189,6 @@ def test_a_second_prepare_says_only_what_is_new(settings: Any, tmp_path: Path) -
     assert again.splitlines()[1].startswith("Migrating the database: done in ")
 
 
-@pytest.mark.usefixtures("fast_password_hashing")
 def test_a_later_prepare_starts_and_says_what_it_could_not_before(
         settings: Any, tmp_path: Path) -> None:
     """An LLM endpoint given on a later start (standalone --demo-llm) starts the LLM goal's

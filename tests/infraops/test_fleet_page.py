@@ -22,7 +22,7 @@ from infraops.models import AuditEntry, Worker
 from infraops.version import VERSION
 from tests.factories import UserFactory
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hashing")]
+pytestmark = [pytest.mark.django_db]
 
 GPU = {"kind": "gpu", "model": "NVIDIA H200", "memory_mib": 143771, "driver": "565.57",
        "index": 0}

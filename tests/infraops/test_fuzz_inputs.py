@@ -38,8 +38,7 @@ from reviews.models import Change
 from tests.factories import AgentRunFactory, UserFactory
 from tests.reviews import conftest as review_fixtures
 
-pytestmark = [pytest.mark.django_db, pytest.mark.fuzz,
-              pytest.mark.usefixtures("fast_password_hashing")]
+pytestmark = [pytest.mark.django_db, pytest.mark.fuzz]
 commit_on = review_fixtures.commit_on  # a pending change of config/serving.toml
 config_change = review_fixtures.config_change
 

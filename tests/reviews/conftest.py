@@ -24,12 +24,6 @@ AUTHOR = {"author_name": "InfraOps agent", "author_email": "agent@example.test"}
 CommitOn = Callable[..., tuple[str, str]]
 
 
-@pytest.fixture(autouse=True)
-def fast_hashing_here(fast_password_hashing: None) -> None:
-    """Users made by the fixtures get a password: every test of this package hashes it
-    fast (tests/conftest.py's fast_password_hashing)."""
-
-
 @pytest.fixture
 def commit_on(example_target: Target, tmp_path: Path) -> CommitOn:
     """commit_on({path: text}) commits the files on top of the clone's main tip (or of the

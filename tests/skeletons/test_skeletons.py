@@ -61,8 +61,6 @@ from tests.factories import (
 )
 from tests.reviews.conftest import ENGINE_EDIT, criterion_finding
 
-pytestmark = pytest.mark.usefixtures("fast_password_hashing")
-
 OUTCOME_QUEUE = "agent"  # where CELERY_TASK_ROUTES sends skeletons.tasks.*
 SEEDED = ("higher-precision-merge", "release-gil-around-native-waits", "fuse-per-tile-work")
 

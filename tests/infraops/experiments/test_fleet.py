@@ -24,7 +24,7 @@ from infraops.models import AuditEntry, Target, Worker
 from infraops.version import VERSION
 from tests.factories import AgentRunFactory, UserFactory
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fast_password_hashing")]
+pytestmark = [pytest.mark.django_db]
 
 
 def bearer(token: str) -> str:
