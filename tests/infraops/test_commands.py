@@ -7,6 +7,7 @@ it, so the commands that make the first users and the example target make them m
 
 from __future__ import annotations
 
+import os
 import shutil
 from io import StringIO
 from pathlib import Path
@@ -221,3 +222,37 @@ def test_static_files_are_collected_again_only_when_they_changed(
     assert "Collecting static files" not in unchanged
     assert "Collecting static files: done" in changed
     assert "color: blue" in (tmp_path / "static" / "page.css").read_text()
+
+
+def test_a_static_file_edited_within_the_second_of_its_collection_is_collected_again(
+        settings: Any, tmp_path: Path) -> None:
+    """collectstatic keeps a copy at least as new as its source to the second: an edit in the
+    second of the last collection (the test above, on a fast machine) was never collected."""
+    static = tmp_path / "own-static"
+    static.mkdir()
+    source = static / "page.css"
+    source.write_text("body { color: red; }\n")
+    settings.STATICFILES_DIRS = [static]
+    prepare(settings, tmp_path, "--no-example")
+    collected = tmp_path / "static" / "page.css"
+
+    source.write_text("body { color: blue; }\n")
+    copied_at = collected.stat().st_mtime_ns
+    os.utime(source, ns=(copied_at, copied_at))  # the edit, in the copy's own instant
+    again = prepare(settings, tmp_path, "--no-example")
+
+    assert "Collecting static files: done" in again
+    assert "color: blue" in collected.read_text()
+
+
+def test_a_stamp_of_an_earlier_release_collects_once_and_then_not_again(
+        settings: Any, tmp_path: Path) -> None:
+    static = tmp_path / "own-static"
+    static.mkdir()
+    (static / "page.css").write_text("body { color: red; }\n")
+    settings.STATICFILES_DIRS = [static]
+    prepare(settings, tmp_path, "--no-example")
+    (tmp_path / "static" / ".infraops-collected").write_text("0" * 64)  # a bare hash
+
+    assert "Collecting static files: done" in prepare(settings, tmp_path, "--no-example")
+    assert "Collecting static files" not in prepare(settings, tmp_path, "--no-example")

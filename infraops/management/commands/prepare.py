@@ -16,7 +16,7 @@ printed output.
 
 from __future__ import annotations
 
-import hashlib
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ EXAMPLES = ("tiny-serving", "demo-kernels")
 # probes need a GPU, so they are loaded only where a GPU worker will run.
 GPU_EXAMPLES = ("fla-kda", "fla-cp")
 SHOWCASE = ("demo-kernels", *GPU_EXAMPLES)
-# In the collected folder: the fingerprint of the static files collected there last.
+# In the collected folder: the static files collected there last (static_sources()).
 STATIC_STAMP = ".infraops-collected"
 
 
@@ -96,14 +96,22 @@ class Command(BaseCommand):
 
     def _collect_static(self) -> None:
         """collectstatic, unless the static files are those it collected last time: hashing
-        and compressing them again was a third of a warm start's preparation."""
-        stamp = Path(settings.STATIC_ROOT) / STATIC_STAMP
-        fingerprint = static_fingerprint()
-        if stamp.is_file() and stamp.read_text() == fingerprint:
+        and compressing them again was a third of a warm start's preparation. The collected
+        copy of each file that changed since then is removed first: collectstatic keeps a
+        copy at least as new as its source to the second, so an edit within the second of the
+        last collection would otherwise never be collected."""
+        root = Path(settings.STATIC_ROOT)
+        stamp = root / STATIC_STAMP
+        sources = static_sources()
+        last = _read_stamp(stamp)
+        if last == sources:
             return
+        for path, entry in sources["files"].items():
+            if last is not None and last["files"].get(path) != entry:
+                (root / path).unlink(missing_ok=True)
         self._step("Collecting static files", call_command, "collectstatic", interactive=False,
                    verbosity=0)
-        stamp.write_text(fingerprint)
+        stamp.write_text(json.dumps(sources))
 
     def _gpu_examples(self, *, say_why_not: bool) -> tuple[str, ...]:
         """GPU_EXAMPLES where they can run; otherwise none, and one line says why not."""
@@ -121,16 +129,31 @@ class Command(BaseCommand):
         self.stdout.write(f"{what}: done in {time.monotonic() - started:.1f} s")
 
 
-def static_fingerprint() -> str:
-    """What collectstatic would collect, as a hash of every found file's path, size and
-    modification time (and the storage that names them): a changed, added or removed file, or
-    a Django upgrade's admin files, changes it."""
-    digest = hashlib.sha256(settings.STORAGES["staticfiles"]["BACKEND"].encode())
+def static_sources() -> dict[str, Any]:
+    """What collectstatic would collect: the storage that names the files and, for every
+    file found, its path where it is collected with its size and modification time. A
+    changed, added or removed file, or a Django upgrade's admin files, changes it."""
+    files: dict[str, list[int]] = {}
     for finder in finders.get_finders():
         for path, storage in finder.list([]):
+            collected = str(Path(getattr(storage, "prefix", None) or "", path))
+            if collected in files:
+                continue  # collectstatic, too, keeps the first finder's file of a path
             found = Path(storage.path(path)).stat()
-            digest.update(f"{path}\0{found.st_size}\0{found.st_mtime_ns}\n".encode())
-    return digest.hexdigest()
+            files[collected] = [found.st_size, found.st_mtime_ns]
+    return {"storage": settings.STORAGES["staticfiles"]["BACKEND"], "files": files}
+
+
+def _read_stamp(stamp: Path) -> dict[str, Any] | None:
+    """The sources of the last collection, or None where none is on record (or the record is
+    of another form: an earlier release wrote a bare hash)."""
+    try:
+        last = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(last, dict) or not isinstance(last.get("files"), dict):
+        return None
+    return last
 
 
 def _why_not_gpu_examples() -> str | None:
