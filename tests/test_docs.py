@@ -238,7 +238,7 @@ def test_the_readme_counts_the_demo_goals_and_says_which_need_more_than_a_cpu() 
 
 def test_the_readme_names_the_fix_the_tuners_numerics_run_submits() -> None:
     """It said tf32x3; the tuner keeps the precision that measured best, ieee
-    (tests/agents/test_showcase.py holds that)."""
+    (tests/e2e/test_showcase.py holds that)."""
     readme = " ".join((ROOT / "README.md").read_text().split())
 
     assert 'each run submits its case\'s fix (`INPUT_PRECISION = "ieee"`' in readme

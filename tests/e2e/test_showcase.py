@@ -2,7 +2,9 @@
 target loaded with its goals, a run started on each (the three tuners, and the LLM goal
 against the demo's scripted model on a local OpenAI-compatible endpoint), the dashboard
 following them to their end without a reload, the four changes waiting in the review queue
-with their risk reasons, the concurrency experiment's timeline, and the skeleton library."""
+with their risk reasons, the concurrency experiment's timeline, and the skeleton library;
+then what each run found, as the workers stored it. The suite runs these goals to their end
+only here (tests/agents/test_showcase.py checks how they start)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from agents.models import AgentRun
 from agents.scripted.demo import MODEL, DemoModel
 from agents.scripted.endpoint import OpenAIStub
 from reviews.models import Change
-from tests.agents.test_showcase import BY_THE_LLM, NUMERICS
+from tests.agents.test_showcase import BY_THE_LLM, NUMERICS, PERFORMANCE
 from tests.e2e.test_thin_loop import sign_in
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -84,9 +86,25 @@ def test_a_newcomer_watches_the_showcase_find_the_three_problems(
     page.goto(f"{live_system}/skeletons/")
     expect(page.locator("main")).to_contain_text("GIL")
 
-    # What the numerics tuner and the demo's model found, as the workers stored it (these runs
-    # are the suite's only runs of those two goals: tests/agents/test_showcase.py drives the
-    # other two tuners in its process).
+    # What each run found, as the workers stored it: these are the suite's only runs of the
+    # showcase's four goals to their end.
+    assert concurrency.status == AgentRun.Status.SUCCEEDED, concurrency.stop_reason
+    change = Change.objects.get(runs=concurrency)
+    assert "+RELEASE_GIL = True" in change.diff and "concurrency" in change.risk_classes
+    # The base's feedback named the spans that never overlap, the other thread, the gap.
+    never = [f for f in first.feedback["findings"] if f["kind"] == "no-overlap"
+             and "kv_transfer never overlaps" in f["title"] and "baseline" in f["title"]]
+    assert never and "thread mooncake sat idle" in never[0]["detail"], first.feedback["agent_text"]
+
+    performance = AgentRun.objects.get(goal_version__goal__name=PERFORMANCE)
+    change = Change.objects.get(runs=performance)
+    assert "+MERGE_TILES = True" in change.diff and "numerics" in change.risk_classes
+    assert change.experiment is not None
+    # Counted, not only timed: the merged tiles run fewer instructions.
+    counted = [f for f in change.experiment.feedback["findings"]
+               if f["kind"] == "perf-comparison" and "instructions improved" in f["title"]]
+    assert counted, change.experiment.feedback["agent_text"]
+
     numerics = AgentRun.objects.get(goal_version__goal__name=NUMERICS)
     change = Change.objects.get(runs=numerics)
     # The least error of the precisions it tried (README.md says so): ieee's, under tf32x3's.
