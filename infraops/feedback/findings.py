@@ -287,18 +287,42 @@ def performance_findings(probe: str, variant: str, metric: str, case: str, unit:
                      CASE if case else METRIC,
                      evidence | {"comparison": c.as_dict(), "kind": kind})]
     # Only an improvement of speed can be implausible; a metric that fell to zero (a count)
-    # has no factor to judge.
-    speedup = 1 / c.ratio if c.direction == "minimize" and c.ratio > 0 else c.ratio
+    # has no factor to judge. It fails only where the interval's end nearest no change is
+    # beyond the bound too: a real 3.5x on a loaded machine (noise CV 33%) measured 5.6x, with
+    # an interval down to 2.1x, and a cheat that stops doing the work is beyond it whole.
+    speedup = _speedup(c, c.ratio)
     if (kind in SPEED_KINDS and c.verdict == "improved" and c.ratio > 0
             and math.isfinite(speedup) and speedup > plausible):
-        found.append(Finding(
-            "integrity", "too-good-to-be-true", FAIL,
-            f"{where(probe, variant, case)} {metric} {speedup:.3g}x better: implausible",
-            f"beyond the plausibility bound of {plausible:g}x: such a change usually means the "
-            "probe stopped doing the work; check its outputs (or raise the probe's "
-            "plausible_speedup if it is real)", CASE if case else METRIC,
-            evidence | {"speedup": speedup, "bound": plausible}))
+        nearest = _speedup(c, c.ci_high if c.direction == "minimize" else c.ci_low)
+        at_least = nearest if math.isfinite(nearest) and nearest > 0 else speedup
+        name = f"{where(probe, variant, case)} {metric} {speedup:.3g}x better"
+        if at_least > plausible:
+            found.append(Finding(
+                "integrity", "too-good-to-be-true", FAIL, f"{name}: implausible",
+                f"beyond the plausibility bound of {plausible:g}x (at least {at_least:.3g}x "
+                "with 95% confidence): such a change usually means the probe stopped doing "
+                "the work; check its outputs (or raise the probe's plausible_speedup if it "
+                "is real)", CASE if case else METRIC,
+                evidence | {"speedup": speedup, "at_least": at_least, "bound": plausible}))
+        else:
+            found.append(Finding(
+                "integrity", "beyond-the-bound-within-noise", WARN,
+                f"{name}: beyond the plausibility bound, within the noise",
+                f"the median is beyond the plausibility bound of {plausible:g}x, but the "
+                f"interval reaches down to {at_least:.3g}x (noise CV "
+                f"{max(c.cv_baseline, c.cv_candidate):.0%}): not judged implausible; more "
+                "repeats on a quieter machine would tell, and the outputs say whether the "
+                "work was done", CASE if case else METRIC,
+                evidence | {"speedup": speedup, "at_least": at_least, "bound": plausible}))
     return found
+
+
+def _speedup(c: Comparison, ratio: float) -> float:
+    """The speed-up a ratio (candidate / baseline) of `c`'s metric means: its inverse for a
+    metric to minimize (a time), itself for one to maximize (a throughput)."""
+    if c.direction == "minimize":
+        return 1 / ratio if ratio > 0 else math.inf
+    return ratio
 
 
 def correctness_findings(probe: str, label: str, comparisons: Sequence[CaseComparison],
