@@ -607,12 +607,18 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
                                before_candidate=candidate_ready.result)
             failures = _run_all(attempt, probes)
             ids = candidate_ready.result()
-    executions = attempt_executions(experiment.pk, lease.attempt)
     left = {side: left_behind(trees[side], set(gitops.list_files(repo, commits[side])))
             for side in commits}
+
+    def analysed() -> dict[str, Any]:
+        # It only reads (the attempt's executions, their labels and artifacts): a dropped
+        # connection in it is read again, not an experiment lost to the database.
+        executions = attempt_executions(experiment.pk, lease.attempt)
+        return experiment_feedback(experiment, manifest, executions, attempt.samples,
+                                   left_behind=left)
+
     _finish(lease, failure="; ".join(failures), rows=attempt.samples, probe_files=ids,
-            feedback=experiment_feedback(experiment, manifest, executions, attempt.samples,
-                                         left_behind=left))
+            feedback=retried(analysed, what=f"experiment {experiment.pk} analysis"))
 
 
 LEFT_BEHIND_LIMIT = 20_000

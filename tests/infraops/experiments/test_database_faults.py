@@ -15,7 +15,7 @@ from django.db.models import Count
 
 from infraops.experiments.services import experiment_execute
 from infraops.models import Experiment, ExperimentLog, ProbeExecution, Target
-from tests.dbfaults import dsn
+from tests.dbfaults import cutting, dsn
 from tests.factories import ExperimentFactory
 from tests.infraops.experiments.test_services import candidate_commit
 
@@ -92,3 +92,31 @@ def test_an_experiment_survives_its_connections_being_terminated_again_and_again
     seqs = ExperimentLog.objects.filter(experiment=experiment).values("seq").annotate(
         n=Count("id"))
     assert all(row["n"] == 1 for row in seqs)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_dropped_while_the_attempt_is_analysed_is_read_again_not_lost(
+    example_target: Target, data_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The analysis reads the attempt's executions and labels after the probes ran: a backend
+    terminated there made the attempt "failed unexpectedly", lost to the database, and a tuner
+    run then paused with a configuration it could not judge (seen in a whole-suite run)."""
+    from infraops.experiments import analysis
+
+    label_sizes, cuts = cutting(analysis._label_sizes, 1)
+    monkeypatch.setattr(analysis, "_label_sizes", label_sizes)
+    experiment = ExperimentFactory.create(
+        target=example_target, candidate_commit=candidate_commit(example_target, data_dir),
+        baseline_commit=example_target.manifest_commit, probes=["latency-bench"],
+        manifest_sha256=example_target.manifest_sha256)
+
+    experiment_execute(experiment_id=experiment.pk, worker="faults:1")
+    connection.close()
+
+    experiment.refresh_from_db()
+    assert cuts == [1]
+    assert experiment.status == Experiment.Status.SUCCEEDED, experiment.failure_reason
+    assert (experiment.attempts, experiment.lost) == (1, False)
+    assert any(r.name == "infraops.dbretry" and "analysis" in r.getMessage()
+               for r in caplog.records)
