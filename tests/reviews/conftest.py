@@ -104,7 +104,7 @@ def auto_goal(example_goal: Goal, engineer: User) -> GoalVersion:
 
 ENGINE_EDIT = {"serving/engine.py": (Path(__file__).resolve().parents[2] / "examples" /
                                      "tiny-serving" / "serving" / "engine.py").read_text()
-               .replace("PER_REQUEST = 2_000", "PER_REQUEST = 1_500")}
+               .replace("PER_REQUEST = 500", "PER_REQUEST = 375")}
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """A toy batching engine: real CPU work whose cost depends on the batch size."""
 
-DISPATCH_OVERHEAD = 40_000  # loop iterations per batch (launch, scheduling)
-PER_REQUEST = 2_000  # loop iterations per request
-WORKING_SET = 625  # iterations per request, per request in the batch (cache pressure)
+DISPATCH_OVERHEAD = 10_000  # loop iterations per batch (launch, scheduling)
+PER_REQUEST = 500  # loop iterations per request
+WORKING_SET = 156  # iterations per request, per request in the batch (cache pressure)
 
 
 def spin(iterations: int) -> int:
