@@ -205,17 +205,24 @@ def test_a_later_prepare_starts_and_says_what_it_could_not_before(
     assert "Not starting" not in again and "ready, goals" not in again
 
 
+def own_static(settings: Any, tmp_path: Path) -> Path:
+    """A static folder of the test's own, collected with the project's: its page.css."""
+    static = tmp_path / "own-static"
+    static.mkdir()
+    source = static / "page.css"
+    source.write_text("body { color: red; }\n")
+    settings.STATICFILES_DIRS = [static]
+    return source
+
+
 def test_static_files_are_collected_again_only_when_they_changed(
         settings: Any, tmp_path: Path) -> None:
     """A warm start collected (hashed and gzipped) every static file again: seconds of it."""
-    static = tmp_path / "own-static"
-    static.mkdir()
-    (static / "page.css").write_text("body { color: red; }\n")
-    settings.STATICFILES_DIRS = [static]
+    source = own_static(settings, tmp_path)
 
     first = prepare(settings, tmp_path, "--no-example")
     unchanged = prepare(settings, tmp_path, "--no-example")
-    (static / "page.css").write_text("body { color: blue; }\n")
+    source.write_text("body { color: blue; }\n")
     changed = prepare(settings, tmp_path, "--no-example")
 
     assert "Collecting static files: done" in first
@@ -228,11 +235,7 @@ def test_a_static_file_edited_within_the_second_of_its_collection_is_collected_a
         settings: Any, tmp_path: Path) -> None:
     """collectstatic keeps a copy at least as new as its source to the second: an edit in the
     second of the last collection (the test above, on a fast machine) was never collected."""
-    static = tmp_path / "own-static"
-    static.mkdir()
-    source = static / "page.css"
-    source.write_text("body { color: red; }\n")
-    settings.STATICFILES_DIRS = [static]
+    source = own_static(settings, tmp_path)
     prepare(settings, tmp_path, "--no-example")
     collected = tmp_path / "static" / "page.css"
 
@@ -247,10 +250,7 @@ def test_a_static_file_edited_within_the_second_of_its_collection_is_collected_a
 
 def test_a_stamp_of_an_earlier_release_collects_once_and_then_not_again(
         settings: Any, tmp_path: Path) -> None:
-    static = tmp_path / "own-static"
-    static.mkdir()
-    (static / "page.css").write_text("body { color: red; }\n")
-    settings.STATICFILES_DIRS = [static]
+    own_static(settings, tmp_path)
     prepare(settings, tmp_path, "--no-example")
     (tmp_path / "static" / ".infraops-collected").write_text("0" * 64)  # a bare hash
 

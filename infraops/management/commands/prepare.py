@@ -106,9 +106,10 @@ class Command(BaseCommand):
         last = _read_stamp(stamp)
         if last == sources:
             return
-        for path, entry in sources["files"].items():
-            if last is not None and last["files"].get(path) != entry:
-                (root / path).unlink(missing_ok=True)
+        if last is not None:
+            for path, entry in sources["files"].items():
+                if last["files"].get(path) != entry:
+                    (root / path).unlink(missing_ok=True)
         self._step("Collecting static files", call_command, "collectstatic", interactive=False,
                    verbosity=0)
         stamp.write_text(json.dumps(sources))
