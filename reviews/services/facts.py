@@ -26,8 +26,10 @@ def evidence_facts(experiment: Experiment) -> gate.EvidenceFacts:
         candidate_commit=experiment.candidate_commit, baseline_commit=experiment.baseline_commit,
         probes_run=tuple(experiment.probes),
         failing=tuple(f["title"] for f in findings if f["severity"] == "fail"),
+        # A failing integrity finding flags the change; a warning (a speed-up beyond the
+        # bound only within the noise) is shown with the findings, not judged a cheat.
         integrity=tuple(f"{f['title']}: {f['detail']}" for f in findings
-                        if f["layer"] == "integrity"),
+                        if f["layer"] == "integrity" and f["severity"] == "fail"),
         criteria=tuple(_verdict(f) for f in findings if f["layer"] == "criteria"),
         performance=tuple(_performance(f, cheat=cheat) for f in findings
                           if f["kind"] == "perf-comparison"),
