@@ -488,6 +488,11 @@ class Experiment(models.Model):
         help_text="Failed for the infrastructure's reasons, not the candidate's (attempts ran "
                   "out without a result, no sandbox, an unexpected error such as a database "
                   "that kept failing): no evidence either way, which a run must not choose on.")
+    seed = models.BigIntegerField(
+        null=True, blank=True,
+        help_text="INFRAOPS_SEED of every sample (warm-ups and the second-seed check draw "
+                  "another). The experiments of one agent run share it, so the configurations "
+                  "it compares see the same inputs. Blank: drawn at random when it runs.")
     summary = models.JSONField(default=dict, blank=True)
     criteria = models.JSONField(default=list, blank=True,
                                 help_text="Acceptance criteria (specs) this experiment checks.")

@@ -7,6 +7,7 @@ hypothesis it serves, the event on the run page), so a policy or a tool cannot d
 
 from __future__ import annotations
 
+import random
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -107,12 +108,25 @@ def experiment_budget_left(run: AgentRun) -> int:
     return int(run.goal_version.spec["boundary"]["max_experiments"]) - run.experiment_count
 
 
+def run_seed(run: AgentRun) -> int:
+    """The run's INFRAOPS_SEED, drawn at its first experiment and kept in its state (saved with
+    the step that queues the experiment)."""
+    seed = run.state.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        seed = run.state["seed"] = random.SystemRandom().randrange(2**31)
+    return seed
+
+
 def request_experiment(run: AgentRun, *, commit: str, probes: Sequence[str], origin: str,
                        variants: dict[str, list[str]] | None = None, describe: str = ""
                        ) -> Experiment:
     """Queue `commit` against the run's base under the goal's criteria and margin; count it,
     link it to the hypothesis being worked on, say so on the run page. DomainError when the
-    budget is spent, the diff breaks the boundary or no probe applies (nothing is queued)."""
+    budget is spent, the diff breaks the boundary or no probe applies (nothing is queued).
+
+    Every experiment of the run draws its inputs from one seed (`run_seed`): two
+    configurations are compared on the same inputs, so the inputs' noise cancels in the
+    comparison instead of deciding it (common random numbers)."""
     budget = run.goal_version.spec["boundary"]["max_experiments"]
     if experiment_budget_left(run) <= 0:
         raise Refusal([f"experiment budget spent ({budget})"])
@@ -124,7 +138,7 @@ def request_experiment(run: AgentRun, *, commit: str, probes: Sequence[str], ori
     experiment = experiment_request(
         target=run.target, candidate_commit=commit, baseline_commit=run.base_commit,
         probes=probes, origin=origin, criteria=spec["criteria"], margin=margin_of(spec),
-        margin_metric=margin_metric_of(spec), **extra)
+        margin_metric=margin_metric_of(spec), seed=run_seed(run), **extra)
     run.experiments.add(experiment)
     run.experiment_count += 1
     hypothesis = run.state.get("hypothesis")

@@ -200,14 +200,16 @@ def experiment_request(
     probes: Sequence[str] = (), origin: str = "", stop_on_failure: bool = True,
     criteria: Sequence[dict[str, Any]] = (), margin: float | None = None,
     margin_metric: str = "", variants: Mapping[str, Sequence[str]] | None = None,
-    send: bool = True,
+    seed: int | None = None, send: bool = True,
 ) -> Experiment:
     """Queue an experiment; its task is sent after commit, to the queue its probes need
     (`send` False: not sent, the caller runs it with experiment_execute).
     `margin` is the equivalence margin of the comparisons of `margin_metric` ("probe.metric";
     blank: of every metric); other metrics use DEFAULT_MARGIN. `variants` runs only the named
     cells of the probes it names (see chosen_variants; DomainError when one does not exist);
-    the probes it does not name run every cell."""
+    the probes it does not name run every cell. `seed` is every sample's INFRAOPS_SEED (None:
+    drawn when it runs): experiments that share one compare their candidates on the same
+    inputs (common random numbers)."""
     manifest = target.manifest()
     if manifest is None:
         raise DomainError(f"{target.name} has no valid infraops.toml: fix it before experimenting.")
@@ -231,7 +233,7 @@ def experiment_request(
         queue=queue_for(chosen),
         origin=origin, manifest_sha256=target.manifest_sha256, stop_on_failure=stop_on_failure,
         enqueued_at=timezone.now(), criteria=list(criteria),
-        margin=_clamped(margin), margin_metric=margin_metric[:201],
+        margin=_clamped(margin), margin_metric=margin_metric[:201], seed=seed,
     )
     if send:
         _send_after_commit(experiment.pk, experiment.queue)
@@ -697,7 +699,9 @@ def _run_probe(attempt: _Attempt, probe: Probe) -> str:
     except DomainError as exc:
         return f"probe {probe.name} could not run: {exc}"
     rng = random.SystemRandom()
-    seed = rng.randrange(2**31)
+    seed = attempt.experiment.seed
+    if seed is None:
+        seed = rng.randrange(2**31)
     check_seed = (seed + 1 + rng.randrange(2**31 - 1)) % 2**31  # never equal to seed
     for variant in attempt.experiment.variant_cells(probe):
         key = variant_key(variant)

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -63,12 +64,12 @@ def request_experiment(
     """experiment_request on a fresh candidate commit (config/ changed, which latency-bench
     covers), with its after-commit send captured: nothing reaches a broker."""
 
-    def make(target: Target) -> Experiment:
+    def make(target: Target, **extra: Any) -> Experiment:
         candidate = candidate_commit(target, data_dir)
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
             experiment = experiment_request(target=target, candidate_commit=candidate,
                                             baseline_commit=target.manifest_commit,
-                                            origin="test")
+                                            origin="test", **extra)
         assert len(callbacks) == 1  # the task is sent after commit, once
         return experiment
 
@@ -156,6 +157,24 @@ def test_a_warm_up_the_probe_asks_for_runs_first_under_a_second_seed(
     assert {e.seed for e in warmups} != seeds and len({e.seed for e in warmups}) == 1
     # A warm-up's metrics are never samples.
     assert not Sample.objects.filter(execution__in=warmups).exists()
+
+
+def test_an_experiment_given_a_seed_runs_every_sample_under_it(
+    tmp_path: Path, example_source: Path, db: None,
+    request_experiment: Callable[..., Experiment],
+) -> None:
+    # An agent run's experiments share one seed (common random numbers): its configurations
+    # are compared on the same inputs. The warm-up still runs under a seed of its own.
+    target = register_variant(tmp_path, example_source, "seeded",
+                              repeat="2\nwarmup = 1\nextra_repeats = 0")
+    result = experiment_execute(
+        experiment_id=request_experiment(target, seed=2**31 - 5).pk, worker=WORKER)
+
+    assert result is not None and result.status == Experiment.Status.SUCCEEDED
+    samples = result.executions.filter(repeat_index__gte=0)
+    assert samples.count() == 4 and {e.seed for e in samples} == {2**31 - 5}
+    warmups = {e.seed for e in result.executions.filter(repeat_index__lt=0)}
+    assert len(warmups) == 1 and 2**31 - 5 not in warmups
 
 
 # A probe whose value is its batch size (the candidate's is 8, the baseline's 2), a little
