@@ -137,6 +137,9 @@ def test_an_engineer_runs_the_tuner_live_and_a_reviewer_approves_the_merge(
     sign_in(page, base, reviewer.username)
     page.goto(f"{base}/reviews/")
     page.get_by_role("link", name=change.title).click()
+    change.refresh_from_db()  # the measurement decided: nothing for the approval to go over
+    assert not change.overridable_checks, (change.gate, change.experiment
+                                           and change.experiment.feedback.get("agent_text"))
     page.get_by_label("Comment (goes back to the agent)").fill("Matches the batch sweep.")
     page.get_by_role("button", name="Approve and merge").click()
     expect(page.locator("#change-status")).to_have_text(re.compile("merged", re.I))
