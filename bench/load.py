@@ -1,5 +1,5 @@
-"""HTTP load on one web process: 30 signed-in clients on the five pages a reviewer reads
-while runs stream.
+"""HTTP load on the web: 30 signed-in clients on the five pages a reviewer reads while runs
+stream.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres REDIS_URL=redis://127.0.0.1:6379/10 \
         .venv/bin/python bench/load.py [--requests 1200] [--clients 30] [--stream-rate 10] \
@@ -10,7 +10,8 @@ DATABASE_URL's server, with the example target, a signed-in engineer, two runnin
 steps and events, a finished experiment (its executions, 300 output rows, feedback with
 findings, A/B distributions of three metrics and a four-thread timeline) and a change of the
 serving configuration waiting for review (a real commit in the clone, with that experiment and
-a line comment); starts one uvicorn (as `manage.py standalone` does) on it; and sends
+a line comment); starts uvicorn with as many web processes as `manage.py standalone` does
+(--web-processes; settings.WEB_PROCESSES) on it; and sends
 --requests requests from --clients concurrent clients (each its own keep-alive connection, one
 shared session), each request the next of the five pages in turn: the dashboard, a run page,
 the experiment page, the review queue and the change page, while --stream-rate log lines a
@@ -34,7 +35,10 @@ web CPU a request (plotly figures built on every read, the record and output ren
 git run four times for an open change's gate) against 10-14 for the others. Their finished
 parts rendered once per process (infraops/fragments.py), the change read in one prepared
 statement, git asked once per pair of commits and the gate written only when it moves: see
-docs/reliability.md, row P1, for the figures.
+docs/reliability.md, row P1, for the figures. On 2026-12-07 one process held one core while
+PostgreSQL used 13% of the other: two web processes (standalone's default since, one per
+core) gave 90-93 requests/s against 52-57 and a median of 300-310 ms against 513-571, a p95
+of 604-624 ms against 700-776.
 
 Figures: http_p95_ms_30_clients (target <= 300 on a quiet machine) and
 http_error_rate_30_clients (target 0: any status but 200, or no answer); to tell where time
@@ -51,6 +55,7 @@ has 2 cores and may be running a CI suite as well).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import os
 import re
@@ -258,11 +263,13 @@ def waiting_change(goal: Any, user: Any, experiment: int, data: Path) -> int:
     return int(change.pk)
 
 
-def start_web(env: dict[str, str], data: Path, port: int) -> subprocess.Popen[bytes]:
+def start_web(env: dict[str, str], data: Path, port: int,
+              processes: int) -> subprocess.Popen[bytes]:
     log = (data / "web.log").open("wb")
     web = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "infraops.project.asgi:application",
-         "--host", "127.0.0.1", "--port", str(port), "--no-access-log"],
+         "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
+         "--workers", str(processes)],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -380,19 +387,28 @@ def stream(runs: list[int], stop: threading.Event, rate: float) -> int:
     return appended
 
 
+def web_cpu(pid: int) -> float:
+    """CPU seconds of the web: uvicorn's supervisor and its web processes."""
+    web = psutil.Process(pid)
+    total = 0.0
+    for process in [web, *web.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += sum(process.cpu_times()[:2])
+    return total
+
+
 def web_cpu_per_page(port: int, cookie: str, pid: int, pages: dict[str, str],
                      count: int) -> dict[str, float]:
     """Each page's web CPU per request (ms): `count` requests of it from one client, one
-    after the other, the web process's CPU time around them. Load-independent, where the
+    after the other, the web processes' CPU time around them. Load-independent, where the
     latencies are not: what the page costs, whatever else the machine runs."""
-    web = psutil.Process(pid)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     costs = {}
     for name, path in pages.items():
-        before = sum(web.cpu_times()[:2])
+        before = web_cpu(pid)
         for _ in range(count):
             request(port, "GET", path, cookie=cookie, conn=conn)
-        costs[name] = (sum(web.cpu_times()[:2]) - before) / count * 1000
+        costs[name] = (web_cpu(pid) - before) / count * 1000
     conn.close()
     return costs
 
@@ -403,6 +419,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=30)
     parser.add_argument("--stream-rate", type=float, default=10,
                         help="log lines a second appended to each of the two running runs")
+    parser.add_argument("--web-processes", type=int, default=0,
+                        help="uvicorn's --workers (0: as standalone starts them, "
+                             "INFRAOPS_WEB_PROCESSES or one per core up to four)")
     parser.add_argument("--database", default="infraops_load",
                         help="the database to create (and drop) on DATABASE_URL's server")
     args = parser.parse_args()
@@ -416,7 +435,10 @@ def main() -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = int(probe.getsockname()[1])
-        web = start_web(env, data, port)
+        from django.conf import settings
+
+        processes = args.web_processes or settings.WEB_PROCESSES
+        web = start_web(env, data, port, processes)
         cookie = sign_in(port)
         paths = list(pages.values())
         for path in paths:  # each page answers before the load
@@ -443,12 +465,11 @@ def main() -> None:
         helpers = [threading.Thread(target=sample, daemon=True),
                    threading.Thread(target=streamer, daemon=True)]
         load_before = os.getloadavg()
-        web_cpu = psutil.Process(web.pid)
-        cpu_before = sum(web_cpu.cpu_times()[:2])
+        cpu_before = web_cpu(web.pid)
         for helper in helpers:
             helper.start()
         by_path, errors, wall = load(port, cookie, paths, args.requests, args.clients)
-        cpu_spent = sum(web_cpu.cpu_times()[:2]) - cpu_before
+        cpu_spent = web_cpu(web.pid) - cpu_before
         stop.set()
         for helper in helpers:
             helper.join()
@@ -472,6 +493,7 @@ def main() -> None:
         figure("db_connections_peak", peak, "connections")
         figure("db_connections_after", after, "connections")
         figure("streamed_lines_per_s", streamed / wall, "lines/s")
+        figure("web_processes", processes, "processes")
         print(f"requests: {len(latencies)} ({args.clients} clients, pages {', '.join(paths)}); "
               f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
               f"on {os.cpu_count()} cores", flush=True)

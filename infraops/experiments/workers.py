@@ -7,6 +7,7 @@ with a TTL of three beats: a killed worker disappears within TTL seconds.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -23,7 +24,16 @@ BOOT_PREFIX = "infraops:worker-boot:"  # <nodename> -> the boot token of its mai
 
 
 def _client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    return _client_of(settings.REDIS_URL)
+
+
+@functools.lru_cache(maxsize=4)
+def _client_of(url: str) -> redis.Redis:
+    """One client (and its connection pool) per process and URL: a page that says whether a
+    worker is live no longer opens a connection to ask (a connect and redis-py's two CLIENT
+    SETINFO round trips a request). redis-py's pool is thread-safe and starts afresh in a
+    forked child."""
+    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
 
 
 def worker_beat(*, name: str, queues: list[str], boot: str = "") -> None:

@@ -149,6 +149,7 @@ def _connections(config: dict[str, Any], kind: str, pool_size: int) -> None:
 POOL_MIN_SIZE = 2
 DEFAULT_POOL_SIZE = 10
 DEFAULT_WEB_THREADS = 8
+DEFAULT_MAX_WEB_PROCESSES = 4
 POOL_TIMEOUT = 5.0
 PREPARE_THRESHOLD = 2  # runs of a query on one connection before psycopg prepares it
 
@@ -269,6 +270,13 @@ try:
                         else DEFAULT_WEB_THREADS)
     if not 1 <= WEB_THREADS <= 64:
         raise _ConfigError(f"INFRAOPS_WEB_THREADS={WEB_THREADS} must be from 1 to 64.")
+    # Web processes `standalone` starts (uvicorn's --workers): the pages are Python, and one
+    # process runs on one core at a time (the GIL), so one per core, up to
+    # DEFAULT_MAX_WEB_PROCESSES. Each has its own pool of DB_POOL_SIZE connections.
+    WEB_PROCESSES = _read("INFRAOPS_WEB_PROCESSES", "int",
+                          min(os.cpu_count() or 1, DEFAULT_MAX_WEB_PROCESSES))
+    if not 1 <= WEB_PROCESSES <= 32:
+        raise _ConfigError(f"INFRAOPS_WEB_PROCESSES={WEB_PROCESSES} must be from 1 to 32.")
     REDIS_URL = _redis(_read("REDIS_URL", "str", ""), DATA_DIR)
     OPENAI_BASE_URL = _read("OPENAI_BASE_URL", "str", "")
     OPENAI_API_KEY = _read("OPENAI_API_KEY", "str", "")

@@ -56,6 +56,7 @@ def manage(*args: str, **overrides: str) -> subprocess.CompletedProcess[str]:
     ("INFRAOPS_LLM_TIMEOUT", "soon", "soon"),
     ("INFRAOPS_LLM_TIMEOUT", "0", "from 1 s to an hour"),
     ("INFRAOPS_LLM_TIMEOUT", "7200", "from 1 s to an hour"),
+    ("INFRAOPS_WEB_PROCESSES", "0", "from 1 to 32"),
 ])
 def test_a_malformed_value_stops_manage_py_with_one_sentence_naming_the_variable(
     name: str, value: str, says: str

@@ -153,6 +153,17 @@ def kinds(processes: list[psutil.Process]) -> set[str]:
     return found
 
 
+def served_by(processes: list[psutil.Process]) -> int:
+    """The web processes uvicorn's supervisor started (multiprocessing's spawned children)."""
+    web = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if "uvicorn" in " ".join(process.cmdline()):
+                web += [child for child in process.children()
+                        if "spawn_main" in " ".join(child.cmdline())]
+    return len(web)
+
+
 def sign_in(base: str, username: str, password: str) -> urllib.request.OpenerDirector:
     opener = urllib.request.build_opener(
         urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
@@ -185,6 +196,7 @@ class Lifecycle:
     first: Standalone
     second: Standalone
     tree_kinds: set[str]
+    web_processes: int
     healthz: int
     target_page: tuple[int, str]
     second_target_page: tuple[int, str]
@@ -205,6 +217,7 @@ def lifecycle() -> Iterator[Lifecycle]:
     try:
         first.wait_until_ready()
         tree_kinds = kinds(first.tree())
+        web_processes = served_by(first.tree())
         with urllib.request.urlopen(f"{first.base}/healthz", timeout=5) as response:
             healthz = response.status
         found = ADMIN_RE.search(first.log)
@@ -219,7 +232,8 @@ def lifecycle() -> Iterator[Lifecycle]:
         second_target_page = get(sign_in(second.base, "admin", password),
                                  f"{second.base}/targets/tiny-serving/")
         second.stop()
-        yield Lifecycle(first=first, second=second, tree_kinds=tree_kinds, healthz=healthz,
+        yield Lifecycle(first=first, second=second, tree_kinds=tree_kinds,
+                        web_processes=web_processes, healthz=healthz,
                         target_page=target_page, second_target_page=second_target_page,
                         password=password)
     finally:
@@ -245,6 +259,8 @@ def test_a_first_start_prints_the_url_and_the_admin_password_once(lifecycle: Lif
 @LIFECYCLE
 def test_it_runs_web_worker_redis_and_postgres_on_the_data_folder(lifecycle: Lifecycle) -> None:
     assert lifecycle.tree_kinds == {"uvicorn", "celery", "redis-server", "postgres"}
+    # A web process per core, up to four (settings.WEB_PROCESSES): the pages are Python.
+    assert lifecycle.web_processes == settings.WEB_PROCESSES == min(os.cpu_count() or 1, 4)
     assert (lifecycle.first.data / "pgdata" / "PG_VERSION").is_file()
     assert (lifecycle.first.data / "secret_key").is_file()
 

@@ -141,6 +141,7 @@ class Command(BaseCommand):
             web = self._start(env, [
                 sys.executable, "-m", "uvicorn", "infraops.project.asgi:application",
                 "--host", host, "--port", str(port), "--no-access-log",
+                "--workers", str(settings.WEB_PROCESSES),
                 # Nothing of ours runs at the app's startup or shutdown.
                 "--lifespan", "off",
                 # Client frames over 64 KiB are refused by the server itself, before the
