@@ -38,17 +38,20 @@ statement, git asked once per pair of commits and the gate written only when it 
 docs/reliability.md, row P1, for the figures. On 2026-12-07 one process held one core while
 PostgreSQL used 13% of the other: two web processes (standalone's default since, one per
 core) gave 90-93 requests/s against 52-57 and a median of 300-310 ms against 513-571, a p95
-of 604-624 ms against 700-776.
+of 604-624 ms against 700-776. With two threads a process instead of eight (standalone's
+default with several processes since): p95 292-492 ms over six runs, 9.3-15.3 ms of web CPU a
+request, on a machine whose speed varied by a third between runs.
 
 Figures: http_p95_ms_30_clients (target <= 300 on a quiet machine) and
 http_error_rate_30_clients (target 0: any status but 200, or no answer); to tell where time
 goes: http_median_ms_30_clients, http_p95_ms_<page> (each page's own: dashboard, run_page,
 experiment_page, queue_page, change_page), http_throughput_rps, web_cpu_ms_per_request (the
-web process's CPU time over the load, per request: what the pages cost it, whatever else the
-machine runs), web_cpu_ms_per_request_<page> (one client reading that page alone after the
-load), streamed_lines_per_s, db_connections_peak (the web process's connections, sampled every
-50 ms),
-db_connections_after (2 s after the load), and the load average around the run (the machine
+web processes' CPU time over the load, per request: what the pages cost it, whatever else
+the machine runs), web_cpu_ms_per_request_<page> (one client reading that page alone after
+the load), streamed_lines_per_s, db_connections_peak (the web's connections, sampled every
+50 ms), db_connections_after (2 s after the load), web_processes, web_threads_per_process and
+web_cpu_share_busiest_process (the busiest web process's part of the web's CPU:
+1/web_processes when they share evenly), and the load average around the run (the machine
 has 2 cores and may be running a CI suite as well).
 """
 
@@ -387,14 +390,18 @@ def stream(runs: list[int], stop: threading.Event, rate: float) -> int:
     return appended
 
 
-def web_cpu(pid: int) -> float:
-    """CPU seconds of the web: uvicorn's supervisor and its web processes."""
+def web_cpu_by_process(pid: int) -> dict[int, float]:
+    """CPU seconds of each process of the web: uvicorn's supervisor and its web processes."""
     web = psutil.Process(pid)
-    total = 0.0
+    spent = {}
     for process in [web, *web.children(recursive=True)]:
         with contextlib.suppress(psutil.NoSuchProcess):
-            total += sum(process.cpu_times()[:2])
-    return total
+            spent[process.pid] = sum(process.cpu_times()[:2])
+    return spent
+
+
+def web_cpu(pid: int) -> float:
+    return sum(web_cpu_by_process(pid).values())
 
 
 def web_cpu_per_page(port: int, cookie: str, pid: int, pages: dict[str, str],
@@ -438,7 +445,11 @@ def main() -> None:
         from django.conf import settings
 
         processes = args.web_processes or settings.WEB_PROCESSES
-        web = start_web(env, data, port, processes)
+        from infraops.management.commands.standalone import web_environment
+
+        web_env = web_environment(env, processes)
+        threads = int(web_env.get("INFRAOPS_WEB_THREADS") or settings.WEB_THREADS)
+        web = start_web(web_env, data, port, processes)
         cookie = sign_in(port)
         paths = list(pages.values())
         for path in paths:  # each page answers before the load
@@ -465,11 +476,13 @@ def main() -> None:
         helpers = [threading.Thread(target=sample, daemon=True),
                    threading.Thread(target=streamer, daemon=True)]
         load_before = os.getloadavg()
-        cpu_before = web_cpu(web.pid)
+        cpu_before = web_cpu_by_process(web.pid)
         for helper in helpers:
             helper.start()
         by_path, errors, wall = load(port, cookie, paths, args.requests, args.clients)
-        cpu_spent = web_cpu(web.pid) - cpu_before
+        cpu_after = web_cpu_by_process(web.pid)
+        by_process = [cpu_after[pid] - cpu_before.get(pid, 0.0) for pid in cpu_after]
+        cpu_spent = sum(by_process)
         stop.set()
         for helper in helpers:
             helper.join()
@@ -494,6 +507,10 @@ def main() -> None:
         figure("db_connections_after", after, "connections")
         figure("streamed_lines_per_s", streamed / wall, "lines/s")
         figure("web_processes", processes, "processes")
+        figure("web_threads_per_process", threads, "threads")
+        # How evenly the processes shared the load (1: all on one; 1/processes: even): each
+        # client keeps its connection, and a process keeps the connections it accepted.
+        figure("web_cpu_share_busiest_process", max(by_process) / cpu_spent, "ratio")
         print(f"requests: {len(latencies)} ({args.clients} clients, pages {', '.join(paths)}); "
               f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
               f"on {os.cpu_count()} cores", flush=True)

@@ -153,15 +153,16 @@ def kinds(processes: list[psutil.Process]) -> set[str]:
     return found
 
 
-def served_by(processes: list[psutil.Process]) -> int:
-    """The web processes uvicorn's supervisor started (multiprocessing's spawned children)."""
+def served_by(processes: list[psutil.Process]) -> list[dict[str, str]]:
+    """The environment of each web process uvicorn's supervisor started (multiprocessing's
+    spawned children)."""
     web = []
     for process in processes:
         with contextlib.suppress(psutil.Error):
             if "uvicorn" in " ".join(process.cmdline()):
-                web += [child for child in process.children()
+                web += [child.environ() for child in process.children()
                         if "spawn_main" in " ".join(child.cmdline())]
-    return len(web)
+    return web
 
 
 def sign_in(base: str, username: str, password: str) -> urllib.request.OpenerDirector:
@@ -196,7 +197,7 @@ class Lifecycle:
     first: Standalone
     second: Standalone
     tree_kinds: set[str]
-    web_processes: int
+    web_processes: list[dict[str, str]]  # each web process's environment
     healthz: int
     target_page: tuple[int, str]
     second_target_page: tuple[int, str]
@@ -259,8 +260,11 @@ def test_a_first_start_prints_the_url_and_the_admin_password_once(lifecycle: Lif
 @LIFECYCLE
 def test_it_runs_web_worker_redis_and_postgres_on_the_data_folder(lifecycle: Lifecycle) -> None:
     assert lifecycle.tree_kinds == {"uvicorn", "celery", "redis-server", "postgres"}
-    # A web process per core, up to four (settings.WEB_PROCESSES): the pages are Python.
-    assert lifecycle.web_processes == settings.WEB_PROCESSES == min(os.cpu_count() or 1, 4)
+    # A web process per core, up to four (settings.WEB_PROCESSES): the pages are Python. With
+    # several, two threads each: more fought over each process's interpreter lock.
+    assert len(lifecycle.web_processes) == settings.WEB_PROCESSES == min(os.cpu_count() or 1, 4)
+    threads = {env.get("INFRAOPS_WEB_THREADS", "unset") for env in lifecycle.web_processes}
+    assert threads == ({"2"} if settings.WEB_PROCESSES > 1 else {"unset"}), threads
     assert (lifecycle.first.data / "pgdata" / "PG_VERSION").is_file()
     assert (lifecycle.first.data / "secret_key").is_file()
 

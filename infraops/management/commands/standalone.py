@@ -59,6 +59,22 @@ def port_number(text: str) -> int:
     return port
 
 
+# Threads of each web process when there are several and INFRAOPS_WEB_THREADS is unset. On
+# the load bench's 2 cores (two processes, 30 clients, bench/load.py) eight threads a process
+# fought over each process's interpreter lock: 11-12.5 ms of web CPU a request, p95 440-490
+# ms; two threads 9.6-9.7 ms, 296-353 ms; one 9.3 ms, 292 ms. Two keep a slow request (a
+# git read, a database that does not answer) from holding a process alone.
+THREADS_OF_SEVERAL_PROCESSES = 2
+
+
+def web_environment(env: dict[str, str], processes: int) -> dict[str, str]:
+    """The web processes' environment: `env`, with THREADS_OF_SEVERAL_PROCESSES threads a
+    process when there are several and the operator set no INFRAOPS_WEB_THREADS."""
+    if processes > 1 and not env.get("INFRAOPS_WEB_THREADS"):
+        return env | {"INFRAOPS_WEB_THREADS": str(THREADS_OF_SEVERAL_PROCESSES)}
+    return env
+
+
 def worker_commands(*, concurrency: int, schedule: Path, host: str,
                     remote: bool) -> list[tuple[str, list[str]]]:
     """The Celery workers, each as (its environment: "agent" or "experiments", its argv).
@@ -138,7 +154,7 @@ class Command(BaseCommand):
                          *(["--no-showcase"] if options["no_showcase"] else []),
                          *(arg for target in options["showcase_only"]
                            for arg in ("--showcase-only", target)))
-            web = self._start(env, [
+            web = self._start(web_environment(env, settings.WEB_PROCESSES), [
                 sys.executable, "-m", "uvicorn", "infraops.project.asgi:application",
                 "--host", host, "--port", str(port), "--no-access-log",
                 "--workers", str(settings.WEB_PROCESSES),
