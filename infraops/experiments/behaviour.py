@@ -79,17 +79,36 @@ def behaviour_findings(probe: Probe, runs: Runs, extras: dict[str, Any]) -> list
                 "probe": probe.name, "variant": key, "side": side,
                 "execution": execution.pk, "artifact": "trace.json"},
                 side=side, other=other, rows=rows)
-        baseline, candidate = parsed["baseline"], parsed["candidate"]
-        cand_exec = executions["candidate"]
-        if candidate is not None and baseline is not None and cand_exec is not None:
-            repeats = {side: [t for t in (parsed[side], *(
-                _trace(runs.get((probe.name, side, key, r)))
-                for r in range(1, min(probe.repeat, MAX_REPEAT_TRACES)))) if t is not None]
-                for side in SIDES}
-            found += [f for f in change_findings(probe.name, key, baseline, candidate, {
-                "probe": probe.name, "variant": key, "execution": cand_exec.pk,
-                "artifact": "trace.json"}) if _holds_across_repeats(f, repeats)]
+        found += _span_changes(probe, key, runs, parsed)
     return found
+
+
+def _span_changes(probe: Probe, key: str, runs: Runs,
+                  first: dict[str, traces.Trace | None]) -> list[Finding]:
+    """The spans that changed between the sides' traces. Each pair of repeats (the first
+    MAX_REPEAT_TRACES) is compared, and a span is reported from the first pair that shows its
+    change, if the change holds between the medians of every repeat's total: a call stalled
+    in one trace neither makes a change nor hides one (a loaded machine once hid a span that
+    shrank 75% because its first candidate trace had stalled)."""
+    pairs: list[tuple[traces.Trace, traces.Trace, ProbeExecution]] = []
+    for repeat in range(min(max(probe.repeat, 1), MAX_REPEAT_TRACES)):
+        execution = runs.get((probe.name, "candidate", key, repeat))
+        base, cand = ((first["baseline"], first["candidate"]) if repeat == 0 else
+                      (_trace(runs.get((probe.name, side, key, repeat))) for side in SIDES))
+        if base is not None and cand is not None and execution is not None:
+            pairs.append((base, cand, execution))
+    repeats = {"baseline": [pair[0] for pair in pairs], "candidate": [pair[1] for pair in pairs]}
+    found: list[Finding] = []
+    reported: set[object] = set()
+    for baseline, candidate, execution in pairs:
+        for finding in change_findings(probe.name, key, baseline, candidate, {
+                "probe": probe.name, "variant": key, "execution": execution.pk,
+                "artifact": "trace.json"}):
+            span = finding.evidence.get("span")
+            if span not in reported and _holds_across_repeats(finding, repeats):
+                reported.add(span)
+                found.append(finding)
+    return found[:TOP_CHANGES]
 
 
 def _holds_across_repeats(finding: Finding, repeats: dict[str, list[traces.Trace]]) -> bool:

@@ -165,12 +165,12 @@ def test_a_grown_span_with_little_idle_time_keeps_it_in_the_evidence_only() -> N
 
 
 def _execution(experiment: Experiment, side: str, events: list[dict[str, Any]],
-               tmp_path: Path) -> ProbeExecution:
+               tmp_path: Path, repeat: int = 0) -> ProbeExecution:
     execution = ProbeExecution.objects.create(
         experiment=experiment, attempt=1, probe="prefill-kv", side=side,
-        variant="scenario=prefill_kv", repeat_index=0, exit_code=0, reason="ok",
+        variant="scenario=prefill_kv", repeat_index=repeat, exit_code=0, reason="ok",
         wall_seconds=1.0)
-    source = tmp_path / f"{side}-trace.json"
+    source = tmp_path / f"{side}-{repeat}-trace.json"
     source.write_text(json.dumps({"traceEvents": [
         {"name": "thread_name", "ph": "M", "pid": 7, "tid": 1, "args": {"name": "main"}},
         {"name": "thread_name", "ph": "M", "pid": 7, "tid": MOONCAKE,
@@ -225,6 +225,32 @@ def test_a_span_change_must_hold_across_the_repeats(baseline_totals: list[int],
     repeats = {"baseline": traces_of(baseline_totals),
                "candidate": traces_of(candidate_totals)}
     assert _holds_across_repeats(grew, repeats) is kept
+
+
+def test_a_stall_in_the_first_trace_does_not_hide_a_span_that_shrank_in_every_other(
+    example_target: Target, tmp_path: Path,
+) -> None:
+    # The candidate calls normalize a quarter as often (one V tile instead of four), but its
+    # first trace stalled in one call: compared alone, that pair shows no change at all.
+    experiment = ExperimentFactory.create(target=example_target, candidate_commit="c" * 40,
+                                          baseline_commit="b" * 40, probes=["prefill-kv"])
+    four = [complete("normalize", 20 * i, 10) for i in range(4)]
+    runs = {}
+    for repeat in range(3):
+        stalled = repeat == 0
+        one = [complete("normalize", 0, 45 if stalled else 10)]
+        for side, events in (("baseline", four), ("candidate", one)):
+            execution = _execution(experiment, side, events, tmp_path, repeat)
+            runs[(execution.probe, side, execution.variant, repeat)] = execution
+    probe = Probe(name="prefill-kv", layer="behaviour", command="true", repeat=3,
+                  variants={"scenario": ("prefill_kv",)})
+
+    found = behaviour_findings(probe, runs, {"spans": {}})
+
+    shrank = [f for f in found if f.kind == "span-shrank"]
+    assert [f.title for f in shrank] == ["prefill-kv [scenario=prefill_kv] span normalize shrank"]
+    second = runs[("prefill-kv", "candidate", "scenario=prefill_kv", 1)]
+    assert shrank[0].evidence["execution"] == second.pk  # told from the pair that shows it
 
 
 def test_a_grown_span_is_never_paired_with_itself_on_another_thread() -> None:
