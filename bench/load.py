@@ -291,6 +291,24 @@ def start_web(env: dict[str, str], data: Path, port: int,
                      f"{(data / 'web.log').read_text()[-2000:]}")
 
 
+def stop_web(web: subprocess.Popen[bytes]) -> None:
+    """Stop uvicorn's supervisor and every web process it started: one it did not stop in
+    time (or that outlived a killed supervisor) is killed, never left serving."""
+    processes: list[psutil.Process] = []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        processes = psutil.Process(web.pid).children(recursive=True)
+    web.terminate()
+    try:
+        web.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        web.kill()
+        web.wait()
+    _, alive = psutil.wait_procs(processes, timeout=10)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+
+
 def request(port: int, method: str, path: str, *, cookie: str = "", body: str = "",
             conn: http.client.HTTPConnection | None = None,
             ) -> tuple[int, dict[str, str], bytes]:
@@ -516,11 +534,7 @@ def main() -> None:
               f"on {os.cpu_count()} cores", flush=True)
     finally:
         if web is not None:
-            web.terminate()
-            try:
-                web.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                web.kill()
+            stop_web(web)
         from django.db import connections
 
         connections.close_all()
