@@ -462,9 +462,9 @@ def main() -> None:
             port = int(probe.getsockname()[1])
         from django.conf import settings
 
-        processes = args.web_processes or settings.WEB_PROCESSES
         from infraops.management.commands.standalone import web_environment
 
+        processes = args.web_processes or settings.WEB_PROCESSES
         web_env = web_environment(env, processes)
         threads = int(web_env.get("INFRAOPS_WEB_THREADS") or settings.WEB_THREADS)
         web = start_web(web_env, data, port, processes)

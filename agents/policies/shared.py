@@ -111,10 +111,9 @@ def experiment_budget_left(run: AgentRun) -> int:
 def run_seed(run: AgentRun) -> int:
     """The run's INFRAOPS_SEED, drawn at its first experiment and kept in its state (saved with
     the step that queues the experiment)."""
-    seed = run.state.get("seed")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        seed = run.state["seed"] = random.SystemRandom().randrange(2**31)
-    return seed
+    if run.state.get("seed") is None:
+        run.state["seed"] = random.SystemRandom().randrange(2**31)
+    return int(run.state["seed"])
 
 
 def request_experiment(run: AgentRun, *, commit: str, probes: Sequence[str], origin: str,
