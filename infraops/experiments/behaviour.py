@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from infraops.experiments.blobstore import blob_store
@@ -58,14 +59,17 @@ def _trace(execution: ProbeExecution | None) -> traces.Trace | None:
 def behaviour_findings(probe: Probe, runs: Runs, extras: dict[str, Any]) -> list[Finding]:
     """Per variant: each side's spans (into extras["spans"]), never-overlapping pairs with the
     blocked-thread evidence and the other side's overlap, and the spans that changed from the
-    baseline's trace."""
+    baseline's trace. Both read every repeat's trace (the first MAX_REPEAT_TRACES), so that
+    one trace a loaded machine stalled neither makes a finding nor hides one."""
     found: list[Finding] = []
+    count = min(max(probe.repeat, 1), MAX_REPEAT_TRACES)
     for variant in probe.variant_matrix():
         key = variant_key(variant)
-        executions = {side: runs.get((probe.name, side, key, 0)) for side in SIDES}
-        parsed = {side: _trace(execution) for side, execution in executions.items()}
+        per_repeat = {side: [_trace(runs.get((probe.name, side, key, repeat)))
+                             for repeat in range(count)] for side in SIDES}
+        repeats = {side: [t for t in per_repeat[side] if t is not None] for side in SIDES}
         for side in ("candidate", "baseline"):
-            trace, execution = parsed[side], executions[side]
+            trace, execution = per_repeat[side][0], runs.get((probe.name, side, key, 0))
             if trace is None or execution is None:
                 continue
             rows = traces.span_stats(trace)
@@ -74,27 +78,27 @@ def behaviour_findings(probe: Probe, runs: Runs, extras: dict[str, Any]) -> list
             timelines = extras.setdefault("timelines", {})
             if len(timelines) < MAX_TIMELINES:
                 timelines[f"{probe.name} [{label}]"] = traces.timeline(trace)
-            other = parsed["baseline" if side == "candidate" else "candidate"]
+            other = per_repeat["baseline" if side == "candidate" else "candidate"][0]
             found += overlap_findings(probe.name, label, trace, {
                 "probe": probe.name, "variant": key, "side": side,
                 "execution": execution.pk, "artifact": "trace.json"},
-                side=side, other=other, rows=rows)
-        found += _span_changes(probe, key, runs, parsed)
+                side=side, other=other, rows=rows, repeats=repeats)
+        found += _span_changes(probe, key, runs, per_repeat)
     return found
 
 
 def _span_changes(probe: Probe, key: str, runs: Runs,
-                  first: dict[str, traces.Trace | None]) -> list[Finding]:
-    """The spans that changed between the sides' traces. Each pair of repeats (the first
-    MAX_REPEAT_TRACES) is compared, and a span is reported from the first pair that shows its
-    change, if the change holds between the medians of every repeat's total: a call stalled
-    in one trace neither makes a change nor hides one (a loaded machine once hid a span that
-    shrank 75% because its first candidate trace had stalled)."""
+                  per_repeat: dict[str, list[traces.Trace | None]]) -> list[Finding]:
+    """The spans that changed between the sides' traces. Each pair of repeats (`per_repeat`:
+    each side's traces by repeat, None where one is missing) is compared, and a span is
+    reported from the first pair that shows its change, if the change holds between the
+    medians of every repeat's total: a call stalled in one trace neither makes a change nor
+    hides one (a loaded machine once hid a span that shrank 75% because its first candidate
+    trace had stalled)."""
     pairs: list[tuple[traces.Trace, traces.Trace, ProbeExecution]] = []
-    for repeat in range(min(max(probe.repeat, 1), MAX_REPEAT_TRACES)):
+    for repeat, (base, cand) in enumerate(zip(*(per_repeat[side] for side in SIDES),
+                                              strict=True)):
         execution = runs.get((probe.name, "candidate", key, repeat))
-        base, cand = ((first["baseline"], first["candidate"]) if repeat == 0 else
-                      (_trace(runs.get((probe.name, side, key, repeat))) for side in SIDES))
         if base is not None and cand is not None and execution is not None:
             pairs.append((base, cand, execution))
     repeats = {"baseline": [pair[0] for pair in pairs], "candidate": [pair[1] for pair in pairs]}
@@ -133,7 +137,9 @@ def _span_total(trace: traces.Trace, name: str) -> float:
 
 def overlap_findings(probe: str, variant: str, trace: traces.Trace, evidence: dict[str, Any],
                      *, side: str = "", other: traces.Trace | None = None,
-                     rows: list[traces.SpanStats] | None = None) -> list[Finding]:
+                     rows: list[traces.SpanStats] | None = None,
+                     repeats: Mapping[str, Sequence[traces.Trace]] | None = None,
+                     ) -> list[Finding]:
     """Pairs of substantial spans (the TOP_SPANS longest in total, each at least MIN_SHARE of
     the trace) on different threads that never run at the same time, each reported once: the
     pair is judged with the smaller span first (its overlap is the stricter) and told from its
@@ -142,7 +148,12 @@ def overlap_findings(probe: str, variant: str, trace: traces.Trace, evidence: di
     from the other's. A transfer stretched by a loaded machine past dispatch's total would
     otherwise turn the pair round into "main sat idle for 0%". `side` ("baseline" or
     "candidate") is the side of `trace`; `other`, the other side's trace, gives the pair's
-    overlap there too."""
+    overlap there too. `repeats`: each side's traces of every repeat (the first being `trace`
+    and `other`); where a side has several, its overlap is their median's (one a loaded
+    machine stalled mid-span overlapped 16% on a commit whose other traces overlapped 0%)."""
+    repeats = repeats or {}
+    mine = list(repeats.get(side) or [trace])
+    theirs = list(repeats.get(_other_side(side)) or ([other] if other is not None else []))
     rows = traces.span_stats(trace) if rows is None else rows
     span = max(trace.end_us - trace.start_us, 1.0)
     totals: dict[str, float] = defaultdict(float)
@@ -158,7 +169,7 @@ def overlap_findings(probe: str, variant: str, trace: traces.Trace, evidence: di
         for b in names:
             if (totals[a], a) >= (totals[b], b) or threads[a] & threads[b]:
                 continue  # each pair once, the smaller span first: its overlap is the stricter
-            result = traces.overlap(trace, a, b)
+            result = _median_overlap(mine, a, b)
             if not feedback.never_overlaps(result):
                 continue
             first, then = a, b
@@ -166,11 +177,16 @@ def overlap_findings(probe: str, variant: str, trace: traces.Trace, evidence: di
             turned_note, turned = _held(trace, b, a, threads[b], threads[a])
             if _idle_share(held) < WAITED_SHARE <= _idle_share(turned):
                 first, then, note, held = b, a, turned_note, turned
-                result = traces.overlap(trace, b, a)
-            by_side = _by_side(side, result, other, first, then)
+                result = _median_overlap(mine, b, a)
+            by_side = _by_side(side, result, theirs, first, then)
+            notes = [note] if note else []
+            if max(len(mine), len(theirs)) > 1:
+                counts = {side: len(mine), _other_side(side): len(theirs)}
+                notes.append("each overlap is the median of " + " and ".join(
+                    f"{counts[s]} {s} traces" for s in SIDES if by_side or s == side))
             finding = feedback.overlap_finding(
                 probe, variant, result, evidence | held, by_side=by_side,
-                attribution=attributions.get(first), notes=[note] if note else [])
+                attribution=attributions.get(first), notes=notes)
             if finding is not None:
                 found.append(finding)
     return found
@@ -223,12 +239,26 @@ class _Attributions:
         return share.name if share is not None and share.share >= PAIR_SHARE else None
 
 
-def _by_side(side: str, result: traces.Overlap, other: traces.Trace | None, a: str,
+def _other_side(side: str) -> str:
+    return "baseline" if side == "candidate" else "candidate"
+
+
+def _median_overlap(trace_list: Sequence[traces.Trace], a: str, b: str) -> traces.Overlap:
+    """The pair's overlap on the trace whose fraction is the median of `trace_list` (the lower
+    of the middle two for an even count): one trace's measured result, not a mix. Traces where
+    `a` takes no time count only when every trace is so."""
+    results = [traces.overlap(trace, a, b) for trace in trace_list]
+    known = sorted((r for r in results if r.fraction is not None),
+                   key=lambda r: r.fraction or 0.0)
+    return known[(len(known) - 1) // 2] if known else results[0]
+
+
+def _by_side(side: str, result: traces.Overlap, others: Sequence[traces.Trace], a: str,
              b: str) -> dict[str, traces.Overlap] | None:
-    """The pair's overlap on both sides, baseline first, when the other side's trace exists."""
-    if other is None or side not in SIDES:
+    """The pair's overlap on both sides, baseline first, when the other side has traces."""
+    if not others or side not in SIDES:
         return None
-    mirrored = traces.overlap(other, a, b)
+    mirrored = _median_overlap(others, a, b)
     return {s: result if s == side else mirrored for s in SIDES}
 
 

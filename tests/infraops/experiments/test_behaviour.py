@@ -105,6 +105,30 @@ def test_the_pair_overlap_on_each_side_is_in_the_evidence() -> None:
     assert (dispatch.evidence["idle_during_us"], dispatch.evidence["held_us"]) == (120, 200)
 
 
+def test_each_sides_overlap_is_the_median_of_its_repeats_traces() -> None:
+    """One trace a loaded machine stalled mid-span (the transfer's span kept open across
+    combine: 16% overlap in a fresh-clone run, 2026-12-07) neither hides a pair that never
+    overlaps in the other traces nor shows on the side that holds it."""
+    stalled = trace_of(*GIL_HELD, complete("kv_transfer", 340, 40, MOONCAKE))
+    held, released = trace_of(*GIL_HELD), trace_of(*GIL_RELEASED)
+    [alone] = overlap_findings("p", "default, baseline", stalled, {}, side="baseline")
+    assert alone.title.endswith("kv_transfer never overlaps combine")  # dispatch: 21%
+    repeats = {"baseline": [stalled, held, held], "candidate": [released, released]}
+    found = overlap_findings("p", "default, baseline", stalled, {}, side="baseline",
+                             other=released, repeats=repeats)
+    assert {f.title for f in found} == {"p [default, baseline] kv_transfer never overlaps "
+                                        f"{b}" for b in ("dispatch", "combine")}
+    for finding in found:
+        assert finding.evidence["overlap"]["fraction"] == 0
+        assert "overlap 0.0% on the baseline" in finding.detail
+        assert "each overlap is the median of 3 baseline traces and 2 candidate traces" in \
+            finding.detail
+    # A pair that overlaps in most traces is not "never" for one trace where it did not.
+    repeats = {"baseline": [held, released, released]}
+    assert overlap_findings("p", "default, baseline", held, {}, side="baseline",
+                            repeats=repeats) == []
+
+
 @pytest.mark.parametrize(("baseline", "candidate", "expected"), [
     # The transfer grew because it waited for dispatch, then combine: named, with the pair's
     # overlap before and after.
