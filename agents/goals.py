@@ -4,18 +4,20 @@ infraops.services.goals.spec_changes."""
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count
+from django.db import connection
 
 from agents.models import AgentRun
 from infraops.experiments.services import queue_for
 from infraops.experiments.workers import live_queues
 from infraops.feedback.findings import about_baseline
 from infraops.manifest import Manifest
-from infraops.models import Goal
+from infraops.models import Experiment, Goal, GoalVersion
 from reviews.models import Change
 
 
@@ -157,28 +159,22 @@ class Progress:
 
 
 def goal_progress(target_ids: list[int] | None) -> list[Progress]:
-    """Every goal of these targets (None: every target) with its progress, in four queries
+    """Every goal of these targets (None: every target) with its progress, in two queries
     whatever the number of goals: the dashboard's list."""
     goals = Goal.objects.select_related("target", "boundary").order_by("target__name", "name")
-    runs = AgentRun.objects.filter(status__in=AgentRun.active_statuses())
-    changes = Change.objects.filter(goal__isnull=False)
     if target_ids is not None:
         goals = goals.filter(target_id__in=target_ids)
-        runs = runs.filter(target_id__in=target_ids)
-        changes = changes.filter(target_id__in=target_ids)
-    active = dict(runs.values("goal_version__goal_id").annotate(n=Count("id"))
-                  .values_list("goal_version__goal_id", "n"))
-    counts: dict[tuple[int, str], int] = {
-        (goal, status): n for goal, status, n in
-        changes.values("goal_id", "status").annotate(n=Count("id"))
-        .values_list("goal_id", "status", "n")}
+    active: dict[int, int] = {}
+    counts: dict[tuple[int, str], int] = {}
     summaries: dict[int, list[dict[str, Any]]] = {}
-    for goal_id, summary, feedback in (changes.filter(status=Change.Status.MERGED)
-                             .order_by("merged_at", "pk")
-                             .values_list("goal_id", "experiment__summary",
-                                          "experiment__feedback")):
-        if credited(feedback):  # a cheat merged over its integrity failure moves nothing
-            summaries.setdefault(goal_id, []).append(summary or {})
+    for kind, goal_id, status, n, comparisons, failing, *_ in _goal_rows(target_ids):
+        if kind == "run":
+            active[goal_id] = n
+        elif kind == "change":
+            counts[(goal_id, status)] = n
+        elif credited({"findings": _json(failing) or []}):
+            # a cheat merged over its integrity failure moves nothing
+            summaries.setdefault(goal_id, []).append({"comparisons": _json(comparisons) or []})
     result = []
     needs = goal_needs(list(goals))
     for goal in goals:
@@ -191,6 +187,51 @@ def goal_progress(target_ids: list[int] | None) -> list[Progress]:
             active.get(goal.pk, 0), counts.get((goal.pk, Change.Status.MERGED), 0),
             counts.get((goal.pk, Change.Status.PENDING_REVIEW), 0), needs[goal.pk]))
     return result
+
+
+# The findings of an experiment's feedback that can take its credit away (`credited` decides):
+# only those leave the database, not a merged change's whole feedback on every dashboard read.
+_UNCREDITING = ('$.findings[*] ? (@.evidence.credited == false || '
+                '(@.layer == "integrity" && @.severity == "fail"))')
+
+
+@functools.cache
+def _goal_statement(every: bool) -> str:
+    """The active runs per goal, the changes per goal and status, and each merged change's
+    comparisons with its uncrediting findings (in merge order), as one statement of rows
+    (kind, goal, status, count, comparisons, findings); written once per process."""
+    quote = connection.ops.quote_name
+    run, version = quote(AgentRun._meta.db_table), quote(GoalVersion._meta.db_table)
+    change, experiment = quote(Change._meta.db_table), quote(Experiment._meta.db_table)
+    scope = "" if every else "AND t.target_id = ANY(%s)"
+    # Table names from the models' metadata, quoted; every value is bound.
+    return f"""
+        SELECT 'run', v.goal_id, '', count(*), NULL::jsonb, NULL::jsonb, NULL::timestamptz, 0
+          FROM {run} t JOIN {version} v ON v.id = t.goal_version_id
+         WHERE t.status = ANY(%s) {scope} GROUP BY v.goal_id
+        UNION ALL
+        SELECT 'change', t.goal_id, t.status, count(*), NULL, NULL, NULL, 0
+          FROM {change} t WHERE t.goal_id IS NOT NULL {scope} GROUP BY t.goal_id, t.status
+        UNION ALL
+        SELECT 'merged', t.goal_id, '', 0, e.summary -> 'comparisons',
+               jsonb_path_query_array(e.feedback, %s), t.merged_at, t.id
+          FROM {change} t LEFT JOIN {experiment} e ON e.id = t.experiment_id
+         WHERE t.goal_id IS NOT NULL AND t.status = %s {scope}
+         ORDER BY 7, 8"""  # noqa: S608  # nosec B608
+
+
+def _goal_rows(target_ids: list[int] | None) -> list[tuple[Any, ...]]:
+    scope = [] if target_ids is None else [target_ids]
+    params: list[Any] = [list(AgentRun.active_statuses()), *scope, *scope, _UNCREDITING,
+              Change.Status.MERGED, *scope]
+    with connection.cursor() as cursor:
+        cursor.execute(_goal_statement(target_ids is None), params)
+        return list(cursor.fetchall())
+
+
+def _json(value: Any) -> Any:
+    """A jsonb column as Python: psycopg may hand it over as text."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 def goal_needs(goals: list[Goal]) -> dict[int, tuple[Need, ...]]:

@@ -80,6 +80,24 @@ def test_a_cheat_merged_over_its_integrity_failure_is_no_progress_of_its_goal(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(("findings", "head"), [
+    # An improvement the analysis marked uncredited: no progress.
+    ([{"layer": "performance", "severity": "warn", "evidence": {"credited": False}}], 9.0),
+    # An integrity failure of the baseline's side is context, not the candidate's cheat.
+    ([{"layer": "integrity", "severity": "fail", "evidence": {"side": "baseline"}}], 8.0),
+    # Findings that take nothing away, among which a warning of the integrity layer.
+    ([{"layer": "integrity", "severity": "warn", "evidence": {}},
+      {"layer": "performance", "severity": "pass", "evidence": {"credited": True}}], 8.0),
+])
+def test_only_the_findings_that_take_credit_away_keep_a_change_out_of_the_progress(
+        example_goal: Goal, findings: list[dict[str, Any]], head: float) -> None:
+    merged(example_goal, 1, 10.0, 9.0)
+    merged(example_goal, 2, 9.0, 8.0, findings=findings)
+    [progress] = goal_progress(None)
+    assert (progress.base, progress.head, progress.merged) == (10.0, head, 2)
+
+
+@pytest.mark.django_db
 def test_a_goal_without_a_merged_change_says_so_and_others_targets_stay_hidden(
         client: Client, viewer: User, example_goal: Goal) -> None:
     assert goal_progress([]) == []
