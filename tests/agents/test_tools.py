@@ -327,11 +327,16 @@ def test_arguments_that_are_not_a_json_object_are_structured_errors(
 def test_ten_megabytes_of_arguments_are_refused_fast(ctx: ToolContext, recorder: Recorder) -> None:
     arguments = json.dumps({"summary": "x" * 10_000_000})
 
-    started = time.perf_counter()
+    # Refused before it is parsed: the refusal costs less CPU than reading the arguments
+    # would (CPU time, measured beside it: the suite's machine is loaded, its clock is not).
+    started = time.process_time()
     result = tool_call(ctx, "finish", arguments)
-    elapsed = time.perf_counter() - started
+    refusal = time.process_time() - started
+    started = time.process_time()
+    json.loads(arguments)
+    parsing = time.process_time() - started
 
-    assert elapsed < 0.5
+    assert refusal < parsing, (refusal, parsing)
     assert "arguments too large" in error_of(result)["error"]
     assert recorder.calls == []
 
@@ -617,10 +622,10 @@ def test_a_slow_pattern_is_stopped_by_the_time_limit(ctx: ToolContext,
     monkeypatch.setattr(search, "SEARCH_SECONDS", 0.3)
     handler = signal.getsignal(signal.SIGALRM)
 
-    started = time.perf_counter()
+    # Unstopped, this pattern backtracks over the line for minutes (the suite's own timeout
+    # would fail the test); the answer names the limit that stopped it.
     result = call(ctx, "search_code", pattern=r".*a.*a.*b", path_glob="src/*.txt")
 
-    assert time.perf_counter() - started < 3
     assert result.ok
     assert "stopped after 0.3 s" in result.content
     assert signal.getsignal(signal.SIGALRM) is handler

@@ -9,7 +9,6 @@ import pickle
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -130,14 +129,13 @@ def test_cloning_a_missing_path_raises_a_git_error_naming_the_url(tmp_path: Path
 def test_a_clone_from_a_server_that_never_answers_is_killed_at_the_timeout(
     tmp_path: Path, silent_git_server: int
 ) -> None:
-    started = time.monotonic()
-
+    # The error names the timeout that killed it; a clone left waiting would hang until the
+    # suite's own timeout fails the test.
     with pytest.raises(GitError, match=r"timed out after 1 s"):
         gitops.repo_clone_bare(
             f"git://127.0.0.1:{silent_git_server}/r.git", tmp_path / "c.git", timeout=1
         )
 
-    assert time.monotonic() - started < 10
     assert not (tmp_path / "c.git").exists()
 
 

