@@ -3,6 +3,7 @@ reasons, line comments attached. Pure: no Django."""
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,10 +90,18 @@ def render_diff(diff: str, findings: Sequence[dict[str, Any]],
 
 
 def _lexer(path: str) -> Lexer | None:
+    return _lexer_for_name(path.rsplit("/", 1)[-1])
+
+
+@functools.lru_cache(maxsize=256)
+def _lexer_for_name(name: str) -> Lexer | None:
+    """The lexer of a file name, looked up once per process: pygments matches the name
+    against every lexer's patterns (about 2 ms a file, on every read of a change page).
+    Lexers keep no state between `highlight` calls, so one serves every thread."""
     try:
-        return get_lexer_for_filename(path, stripnl=False, ensurenl=False)
+        return get_lexer_for_filename(name, stripnl=False, ensurenl=False)
     except ClassNotFound:
-        return TextLexer() if "." not in path.rsplit("/", 1)[-1] else None
+        return TextLexer() if "." not in name else None
 
 
 def _highlight(text: str, lexer: Lexer | None) -> str:
