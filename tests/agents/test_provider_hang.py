@@ -92,6 +92,10 @@ def test_a_hung_endpoint_pauses_the_run_within_the_window_and_one_timeout_and_fr
                    timeout=120, interval=0.2, what="the run to pause")
         wait_until(lambda: Step.objects.filter(run=other).exists(), timeout=60,
                    what="the other run's first step")
+        # The endpoint's threads note each close when they next run: on a loaded machine,
+        # after the worker has moved on.
+        wait_until(lambda: all(c.closed is not None for c in hung_endpoint.connections),
+                   timeout=60, what="the endpoint to see every request closed")
     run.refresh_from_db()
     connections = hung_endpoint.connections
     first_failure = connections[0].closed
