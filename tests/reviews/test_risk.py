@@ -739,3 +739,37 @@ def test_a_summing_shuffle_stays_numerics_too() -> None:
 
     assert risk_classes(classify(unified("csrc/routing.cu", old, new))) == [CONCURRENCY,
                                                                             NUMERICS]
+
+
+# Issue 27, third round: files the classifier misread and the environment of runtimes.
+@pytest.mark.parametrize(("path", "old", "new", "classes"), [
+    pytest.param("Dockerfile_intel", "ENV LANG=C\nENV KMP_BLOCKTIME=1\n", "ENV LANG=C\n",
+                 [CONCURRENCY, PRODUCTION], id="a-threading-runtime-variable"),
+    pytest.param("deploy/run.sh", "export OMP_NUM_THREADS=8\n", "export OMP_NUM_THREADS=16\n",
+                 [CONCURRENCY, PRODUCTION], id="threads-of-a-runtime-in-a-launcher"),
+    pytest.param("Dockerfile_intel", "ENV CCL_ROOT=/opt/intel/ccl\n", "ENV CCL_ROOT=/opt/ccl\n",
+                 [PRODUCTION], id="a-collective-library-path-is-production-only"),
+    pytest.param("Dockerfile_amd", "ENV HIP_FORCE_DEV_KERNARG=1\n",
+                 "ENV HIP_FORCE_DEV_KERNARG=0\n", [PRODUCTION], id="a-dockerfile-of-another-name"),
+    pytest.param("launcher/src/main.rs", '    #[clap(default_value = "1.2", long, env)]\n',
+                 '    #[clap(default_value = "0.3", long, env)]\n', [PRODUCTION],
+                 id="a-launcher-default-in-rust"),
+    pytest.param("build/Makefile-flashinfer", "\tpip install flashinfer\n",
+                 '\tTORCH_CUDA_ARCH_LIST="8.0;9.0" pip install flashinfer\n', [PRODUCTION],
+                 id="an-arch-list-in-a-make-recipe"),
+])
+def test_files_and_runtime_environments_are_read_for_what_they_run(
+        path: str, old: str, new: str, classes: list[str]) -> None:
+    assert risk_classes(classify(unified(path, old, new))) == classes
+
+
+@pytest.mark.parametrize(("path", "old", "new"), [
+    pytest.param("Dockerfile", "ENV PATH /opt/conda/bin:$PATH\n",
+                 "ENV PATH=/opt/conda/bin:$PATH\n", id="an-env-line-respelled"),
+    pytest.param("launcher/src/main.rs", "    /// 4 bit GTPQ quantization\n    quantize: bool,\n",
+                 "    /// 4 bit AWQ quantization\n    quantize: bool,\n", id="a-rust-doc-comment"),
+    pytest.param("router/src/infer.rs", '    info!("batch {} done", id);\n',
+                 '    info!("batch {id} finished");\n', id="a-rust-log-line"),
+])
+def test_what_a_file_holds_unchanged_is_harmless(path: str, old: str, new: str) -> None:
+    assert classify(unified(path, old, new)) == []
