@@ -773,3 +773,76 @@ def test_files_and_runtime_environments_are_read_for_what_they_run(
 ])
 def test_what_a_file_holds_unchanged_is_harmless(path: str, old: str, new: str) -> None:
     assert classify(unified(path, old, new)) == []
+
+
+KL_DOC = """\
+class KLDivFunction(torch.autograd.Function):
+    \"\"\"
+    The forward and backward pass of the KL divergence, as the formula says:
+    it is computed in one kernel and reduced afterwards, as torch.nn.KLDivLoss does.
+    Its reduction follows the reduction argument of the module.
+    A second paragraph, so that the hunk starts inside the docstring.
+    The formula, as code:
+    ```python
+    if log_target:
+        loss = target * (target.log() - x)
+    else:
+        loss = target.exp() * (target - x)
+    ```,
+    then the loss is reduced according to the reduction argument,
+    as the PyTorch documentation defines it for KLDivLoss.
+    The closing quotes stay out of the hunk's sight.
+    Like this line.
+    \"\"\"
+"""
+TRITON_NORM = """\
+@triton.jit
+def _norm_fwd_kernel(X, Y, W, B, mean, rstd, BLOCK: tl.constexpr):
+    x = tl.load(X + tl.arange(0, BLOCK))
+    xc = x - mean
+    y = xc * rstd * W + B
+
+    # store the output once
+    tl.store(Y + tl.arange(0, BLOCK), y.to(tl.float16))
+"""
+
+
+# Issue 27, third round: refactors of kernel code the second held-out set saw flagged.
+@pytest.mark.parametrize(("path", "old", "new"), [
+    pytest.param("ops/layer_norm.py", TRITON_NORM, TRITON_NORM.replace(
+        "    xc = x - mean\n    y = xc * rstd * W + B\n", "    y = (x - mean) * rstd * W + B\n"),
+        id="a-temporary-inlined-in-brackets"),
+    pytest.param("ops/kl_div.py", KL_DOC, KL_DOC.replace(
+        "        loss = target * (target.log() - x)\n    else:\n"
+        "        loss = target.exp() * (target - x)\n",
+        "        loss = target.exp() * (target - x)\n    else:\n"
+        "        loss = target * (target.log() - x)\n"), id="code-in-a-docstring-fence"),
+    pytest.param("fla/ops/kda/chunk.py",
+                 "        >>> g = F.logsigmoid(torch.rand(B, T, H, dtype=torch.bfloat16))\n",
+                 "        >>> g = F.logsigmoid(torch.rand(B, T, H, K, dtype=torch.bfloat16))\n",
+                 id="a-doctest-line"),
+    pytest.param("torchao/prototype/gptq/api.py",
+                 "    for w, start in zip(ws, starts):\n        end = min(start + n, cols)\n"
+                 "        err = torch.zeros_like(w)\n"
+                 "        h_quantize_block = H[start:end, start:end]\n",
+                 "    for w, k_start in zip(ws, starts):\n        k_end = min(k_start + n, cols)\n"
+                 "        err = torch.zeros_like(w)\n"
+                 "        h_quantize_block = H[k_start:k_end, k_start:k_end]\n",
+                 id="a-rename-in-a-slice"),
+])
+def test_refactors_the_second_held_out_set_flagged_are_harmless(path: str, old: str,
+                                                                new: str) -> None:
+    assert classify(unified(path, old, new)) == []
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    pytest.param("    t = b + c\n    y = a + t\n", "    y = a + b + c\n", id="a-sum-regrouped"),
+    pytest.param("    t = b * c\n    b = b + 1\n    y = t + a\n",
+                 "    b = b + 1\n    y = b * c + a\n", id="an-input-changed-before-the-use"),
+])
+def test_inlining_that_changes_the_computation_is_a_change(old: str, new: str) -> None:
+    kernel = "@triton.jit\ndef k(a, b, c):\n{}    tl.store(p, y)\n"
+
+    findings = classify(unified("ops/k.py", kernel.format(old), kernel.format(new)))
+
+    assert risk_classes(findings) == [NUMERICS]
