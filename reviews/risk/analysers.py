@@ -7,8 +7,8 @@ Every file is either analysed or reported as one ``unclassified`` finding saying
 binary, an unknown language). Code in a language no analyser reads (Rust, Go, ...) is read
 for its comments only: a change to them alone is nothing, a change to its code is that one
 finding, or production on each line of a launcher. Test code and documentation are analysed
-to nothing: they do not run in production (a test's tolerance is the probes' and the diff
-policy's business).
+to nothing by the analysers: they do not run in production (the families read a test's
+tolerances and seeds).
 """
 
 from __future__ import annotations
@@ -46,17 +46,21 @@ __all__ = ["MoveIndex", "Ordered", "analyse"]
 def analyse(change: FileChange, moves: MoveIndex | None = None) -> list[Ordered]:
     """The built-in findings of one file (see the module docstring); ``moves``: the diff's
     changed lines, so that code moved from another file is not flagged again."""
-    found = _analysers(change, moves)
+    changed: set[tuple[int, int]] = set()
+    found = _analysers(change, moves, changed)
     if change.binary or not change.hunks:
         return found
     language = files.language(change.path, _first_line(change))
-    families = family_findings(change, language, found, moves)
+    families = family_findings(change, language, found, moves, changed)
     return [(order, finding) for order, finding in found
             if not families.supersedes(order, finding)] + families.findings
 
 
-def _analysers(change: FileChange, moves: MoveIndex | None) -> list[Ordered]:
-    """What the per-language analysers find; ``families`` adds what they miss."""
+def _analysers(change: FileChange, moves: MoveIndex | None,
+               changed: set[tuple[int, int]]) -> list[Ordered]:
+    """What the per-language analysers find; ``families`` adds what they miss. ``changed``
+    gets the code lines whose tokens changed (not a rename, a re-wrap or an inlined
+    temporary)."""
     path = change.path
     kind = files.deployment_kind(path) or (
         files.deployment_kind(change.old_path) if change.old_path != path else None) or (
@@ -85,11 +89,12 @@ def _analysers(change: FileChange, moves: MoveIndex | None) -> list[Ordered]:
         triton = any(TRITON_FILE.search(text) for hunk in change.hunks
                      for text in (hunk.section, *(line.text for line in hunk.lines)))
         return analyse_code(change, lex_python, python_contexts_for(triton),
-                            PYTHON_TRITON if triton else PYTHON, python_extra, moves)
+                            PYTHON_TRITON if triton else PYTHON, python_extra, moves, changed)
     if language in (files.NATIVE, files.SHADER):
         device = language == files.SHADER
         cuda = path.endswith((".cu", ".cuh", ".hip"))
-        return analyse_code(change, lex_c, c_contexts_for(device, cuda), NATIVE, None, moves)
+        return analyse_code(change, lex_c, c_contexts_for(device, cuda), NATIVE, None, moves,
+                            changed)
     if language in files.CONFIG_LANGUAGES:
         return production.config(change, language)
     # Shell and build files: fast-math flags, launch commands and the recipes that launch.
