@@ -192,11 +192,12 @@ _RISKY_CODE = re.compile(r"@triton\.jit|\btl\.\w|__global__|__device__|\bdef\s+f
 # A call that synchronises GPU threads, named by its words (cluster_sync, tcgen05_after_thread_
 # sync, full_barrier->wait(phase), cp_async_bulk_wait_group, warpgroup_arrive): in kernel code
 # a function named as a barrier, fence, wait or arrival is one. Not a warp shuffle, vote or
-# reduction (__shfl_xor_sync, __ballot_sync, __reduce_add_sync): they exchange values.
+# reduction (__shfl_xor_sync, __ballot_sync, __reduce_add_sync): they exchange values; nor a
+# method release() without arguments (std::unique_ptr's ptr.release() hands over ownership).
 _SYNC_WORDS = words("sync", "synchronize", "barrier", "barriers", "fence", "arrive", "wait",
                     "commit", "acquire", "acq", "release")
 _SYNC_CALL = re.compile(rf"(?:[A-Za-z_]\w*(?:::|\.|->))*\w*(?:{_SYNC_WORDS})\w*"
-                        r"(?<!_sync)(?:<[^<>()]*>)?\s*\(|"
+                        r"(?<!_sync)(?:<[^<>()]*>)?\s*\((?!(?<=[.>]release\()\s*\))|"
                         r"\b(?![\w:]*(?:shfl|ballot|reduce|any_sync|all_sync|match|elect|"
                         r"activemask))[\w:.>-]*_sync(?:<[^<>()]*>)?\s*\(")
 # Loads and stores through (or past) a cache whose coherence other threads and kernels see.
