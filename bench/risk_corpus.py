@@ -4,11 +4,11 @@
 
 The corpus is tests/reviews/risk_corpus/ (index.toml: each diff, the set of classes it must
 get, empty for a harmless one, and the public fix it is modelled on): the training set the
-rules were written against. Its validation/ folder (same layout) holds diffs reconstructed
-from real fixes in seven other repositories (text-generation-inference, Liger-Kernel,
-flash-attention, torchao, DeepGEMM, FlashMLA, whisper.cpp), built blind to the rules and
-never tuned on; it is scored
-apart, so the figures say how the rules hold on diffs they have never seen. Per set and class:
+rules were written against. Its validation/ folder (same layout) is for a held-out set:
+diffs reconstructed from real fixes in repositories the training corpus does not draw on,
+built blind to the rules and never tuned on; it is scored apart, so the figures say how the
+rules hold on diffs they have never seen. While it holds no diffs (it awaits the next blind
+set) the bench says "no validation diffs" and prints no validation figures. Per set and class:
 
 - risk_recall_<class> / risk_validation_recall_<class>: share of the diffs labelled <class>
   that the classifier gives <class>;
@@ -64,7 +64,10 @@ Entry = tuple[str, set[str], str]
 
 def corpus(folder: Path = CORPUS) -> list[Entry]:
     """(file name, labelled classes, diff text) of every entry of the set in ``folder``."""
-    index = tomllib.loads((folder / "index.toml").read_text())
+    path = folder / "index.toml"
+    if not path.exists():
+        return []
+    index = tomllib.loads(path.read_text())
     return [(entry["file"], set(entry["labels"]), (folder / entry["file"]).read_text())
             for entry in index.get("diff", [])]
 
@@ -142,8 +145,8 @@ def main() -> int:
         figure("risk_validation_harmless_flagged_rate", rate, "ratio")
         missed += held_out + (["risk_validation_harmless_flagged_rate"] if rate > 0.10 else [])
     else:
-        print(f"validation: n/a (no diffs in {VALIDATION.relative_to(ROOT)}/index.toml yet): "
-              "no validation figures", flush=True)
+        print(f"validation: no validation diffs ({VALIDATION.relative_to(ROOT)}/ awaits the "
+              "next blind set): no validation figures", flush=True)
     big = big_diff(entries)
     best = float("inf")
     for _ in range(1 if args.smoke else REPEAT):

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from infraops.manifest import RiskRule, glob_match
 from reviews.risk.analysers import MoveIndex, Ordered, analyse
 from reviews.risk.diff import REMOVED, DiffParseError, FileChange, parse_diff
+from reviews.risk.families import judged_where_used
 from reviews.risk.findings import MAX_TEXT, Finding, Rule
 from reviews.risk.signatures import (
     ACCUMULATION,
@@ -100,7 +101,7 @@ def classify(diff: str, rules: Sequence[Rule] = BUILTIN_RULES) -> list[Finding]:
             builtin) else []
         found += _target_findings(change, targets)
         findings.extend(_settle(found))
-    return findings
+    return judged_where_used(findings) if len(changes) > 1 else findings
 
 
 def _target_findings(change: FileChange,

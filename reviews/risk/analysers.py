@@ -4,8 +4,11 @@ nothing to read (a binary, a rename, a mode change) is.
 Contract: ``analyse(change, moves)`` returns the file's built-in findings, each with an order
 key (hunk, line within the hunk; whole-file findings first), at most one per rule and line.
 Every file is either analysed or reported as one ``unclassified`` finding saying why not (a
-binary, an unknown language). Test code and documentation are analysed to nothing: they do
-not run in production (a test's tolerance is the probes' and the diff policy's business).
+binary, an unknown language). Code in a language no analyser reads (Rust, Go, ...) is read
+for its comments only: a change to them alone is nothing, a change to its code is that one
+finding, or production on each line of a launcher. Test code and documentation are analysed
+to nothing by the analysers: they do not run in production (the families read a test's
+tolerances and seeds).
 """
 
 from __future__ import annotations
@@ -27,8 +30,15 @@ from reviews.risk.code import (
 from reviews.risk.diff import REMOVED, FileChange
 from reviews.risk.families import family_findings
 from reviews.risk.lexers import lex_c, lex_python
-from reviews.risk.lines import Ordered, whole
-from reviews.risk.signatures import DEPLOY, LAUNCH, PRODUCTION, UNCLASSIFIED, UNREADABLE
+from reviews.risk.lines import Ordered, changed_lines, finding, whole
+from reviews.risk.signatures import (
+    DEPLOY,
+    LAUNCH,
+    PRODUCTION,
+    UNCLASSIFIED,
+    UNREADABLE,
+    Signature,
+)
 
 __all__ = ["MoveIndex", "Ordered", "analyse"]
 
@@ -36,17 +46,21 @@ __all__ = ["MoveIndex", "Ordered", "analyse"]
 def analyse(change: FileChange, moves: MoveIndex | None = None) -> list[Ordered]:
     """The built-in findings of one file (see the module docstring); ``moves``: the diff's
     changed lines, so that code moved from another file is not flagged again."""
-    found = _analysers(change, moves)
+    changed: set[tuple[int, int]] = set()
+    found = _analysers(change, moves, changed)
     if change.binary or not change.hunks:
         return found
     language = files.language(change.path, _first_line(change))
-    families = family_findings(change, language, found, moves)
+    families = family_findings(change, language, found, moves, changed)
     return [(order, finding) for order, finding in found
             if not families.supersedes(order, finding)] + families.findings
 
 
-def _analysers(change: FileChange, moves: MoveIndex | None) -> list[Ordered]:
-    """What the per-language analysers find; ``families`` adds what they miss."""
+def _analysers(change: FileChange, moves: MoveIndex | None,
+               changed: set[tuple[int, int]]) -> list[Ordered]:
+    """What the per-language analysers find; ``families`` adds what they miss. ``changed``
+    gets the code lines whose tokens changed (not a rename, a re-wrap or an inlined
+    temporary)."""
     path = change.path
     kind = files.deployment_kind(path) or (
         files.deployment_kind(change.old_path) if change.old_path != path else None) or (
@@ -69,15 +83,18 @@ def _analysers(change: FileChange, moves: MoveIndex | None) -> list[Ordered]:
                                  files.describe_unknown(path)))]
     if language in (files.DOCS, files.META, files.DEPENDENCIES):
         return []
+    if language == files.FOREIGN:
+        return _foreign(change)
     if language in (files.PYTHON, files.CYTHON):
         triton = any(TRITON_FILE.search(text) for hunk in change.hunks
                      for text in (hunk.section, *(line.text for line in hunk.lines)))
         return analyse_code(change, lex_python, python_contexts_for(triton),
-                            PYTHON_TRITON if triton else PYTHON, python_extra, moves)
+                            PYTHON_TRITON if triton else PYTHON, python_extra, moves, changed)
     if language in (files.NATIVE, files.SHADER):
         device = language == files.SHADER
         cuda = path.endswith((".cu", ".cuh", ".hip"))
-        return analyse_code(change, lex_c, c_contexts_for(device, cuda), NATIVE, None, moves)
+        return analyse_code(change, lex_c, c_contexts_for(device, cuda), NATIVE, None, moves,
+                            changed)
     if language in files.CONFIG_LANGUAGES:
         return production.config(change, language)
     # Shell and build files: fast-math flags, launch commands and the recipes that launch.
@@ -93,12 +110,37 @@ def _without_content(change: FileChange, kind: str | None) -> list[Ordered]:
             change.status, f"changes the file mode of {kind}")
         return [((-1, -1), whole(change, PRODUCTION, DEPLOY, what))]
     launcher = files.is_launch_script(change.path) and files.language(change.path) in (
-        files.SHELL, files.PYTHON, None)
+        files.SHELL, files.PYTHON, files.FOREIGN, None)
     if change.mode_changed and launcher:
         return [((-1, -1), whole(change, PRODUCTION, LAUNCH,
                                   f"changes the file mode of a launch script "
                                   f"({change.old_mode} -> {change.new_mode})"))]
     return []
+
+
+# A log or print statement of Rust, Go, Java or JS: its text is what changed.
+_FOREIGN_LOG = re.compile(r"^\s*(?:(?:tracing::|log::)?(?:trace|debug|info|warn|error|println|"
+                          r"eprintln|print|eprint)!\s*\(|(?:log|fmt|slog)\.\w+\(|"
+                          r"console\.\w+\(|System\.(?:out|err)\.\w+\()")
+
+
+def _foreign(change: FileChange) -> list[Ordered]:
+    """Code in a language no analyser reads (Rust, Go, Zig, ...): a change to its comments
+    or log text alone is harmless; a change to its code (strings included: a default value is
+    written in one) is one ``unclassified`` finding for the file, or, in a launcher (its
+    folder or name says it starts the service), production on each line: the launcher's
+    flags and defaults are how production starts."""
+    code = [item for item in changed_lines(change, lex_c, None, None)
+            if item.lexed.has_code and not _FOREIGN_LOG.match(item.lexed.code)]
+    if not code:
+        return []
+    if files.is_launcher(change.path):
+        signature = Signature(LAUNCH, "", "changes the launcher's code (a language the "
+                                          "classifier does not analyse): how production "
+                                          "starts the service, its flags and defaults")
+        return [(item.order, finding(change, item, signature, "")) for item in code]
+    return [((-1, -1), whole(change, UNCLASSIFIED, UNREADABLE,
+                             files.describe_unknown(change.path)))]
 
 
 _K8S_LINE = re.compile(r"^\s*(?:apiVersion:\s*[\w./-]+\s*$|kind:\s*(?:Deployment|StatefulSet|"

@@ -23,9 +23,10 @@ import difflib
 import keyword
 import re
 from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from reviews.risk.diff import ADDED, CONTEXT, DiffLine
+from reviews.risk.diff import ADDED, CONTEXT, REMOVED, DiffLine
 from reviews.risk.lexers import NAME, STRING, Lexed, Token
 
 # Above this many token pairs a run is compared line by line first: SequenceMatcher is
@@ -53,6 +54,8 @@ def changed_tokens(lines: Sequence[DiffLine], lexed: Sequence[Lexed],
                    renamed: Renamed = lambda old, new: True) -> dict[int, LineChange]:
     """The changed tokens of every changed line of one hunk (see the module docstring)."""
     out: dict[int, LineChange] = {}
+    if significant is not None and _hunk_inlined(lines, lexed):
+        return out  # temporaries inlined or extracted across the hunk's runs
     for run in change_runs(lines):
         removed = [k for k in run if lines[k].kind != ADDED]
         added = [k for k in run if lines[k].kind == ADDED]
@@ -100,7 +103,11 @@ def _compare(removed: list[int], added: list[int], lexed: Sequence[Lexed],
     old_text = [t.text for _, t in old]
     new_text = [t.text for _, t in new]
     if old_text == new_text or (significant is not None and _is_rename(
-            old, new, significant, renamed)):
+            old, new, significant, renamed)) or (
+            ("{" in old_text or "{" in new_text or "}" in old_text or "}" in new_text)
+            and _unbraced(removed, lexed) == _unbraced(added, lexed)) or (
+            significant is not None and "=" in old_text + new_text and (
+                _inlined(removed, added, lexed) or _inlined(added, removed, lexed))):
         return
     if len(removed) == 1 or len(added) == 1:
         if len(old) * len(new) <= _TOKEN_PAIRS:
@@ -129,6 +136,148 @@ def _compare(removed: list[int], added: list[int], lexed: Sequence[Lexed],
             else:
                 _mark(block_old, out, lexed)
                 _mark(block_new, out, lexed)
+
+
+def _hunk_inlined(lines: Sequence[DiffLine], lexed: Sequence[Lexed]) -> bool:
+    """Whether the hunk's removed and added lines differ only by temporaries (see
+    ``_inlined``) while no context line between assigns a name they compute with."""
+    removed = [k for k, line in enumerate(lines) if line.kind == REMOVED]
+    added = [k for k, line in enumerate(lines) if line.kind == ADDED]
+    if not removed or not added or len(list(change_runs(lines))) < 2 or not (
+            _maybe_temporary(removed, added, lexed) or _maybe_temporary(added, removed, lexed)):
+        return False  # one run (_compare reads it), or no name defined on one side only
+    # Names a context line assigns after the first changed line: an expression moved past
+    # such a line computes with another value.
+    first = min(removed[0], added[0])
+    assigned = {name for k, line in enumerate(lines) if line.kind == CONTEXT and k > first
+                for name in _ASSIGNED.findall(lexed[k].code)}
+    return _inlined(removed, added, lexed, assigned) or _inlined(added, removed, lexed, assigned)
+
+
+def _maybe_temporary(defined: list[int], used: list[int], lexed: Sequence[Lexed]) -> bool:
+    """Whether a line of ``defined`` assigns a name the ``used`` lines never mention: a cheap
+    test on the text before any token is made."""
+    text = "\n".join(lexed[k].code for k in used)
+    for k in defined:
+        match = _ASSIGNED.match(lexed[k].code)
+        if match and not re.search(rf"\b{match.group(1)}\b", text):
+            return True
+    return False
+
+
+_ASSIGNED = re.compile(r"^\s*(?:[\w:<>*&]+\s+)*(\w+)\s*(?:[-+*/%&|^]|<<|>>)?=(?!=)")
+
+
+def _inlined(defined: list[int], used: list[int], lexed: Sequence[Lexed],
+             assigned: AbstractSet[str] = frozenset()) -> bool:
+    """Whether the lines ``defined`` are the lines ``used`` with temporaries written apart:
+    ``t = a * b`` and ``c = t + d`` on one side, ``c = a * b + d`` on the other (inlined, or,
+    read the other way, extracted). The expression must stand where the name stood as the
+    same tree: in brackets, or bare where no operator around it binds differently (a float
+    sum regrouped is a change)."""
+    target = [t.text for k in used for t in lexed[k].tokens]
+    temps: dict[str, list[str]] = {}
+    rest: list[str] = []
+    for k in defined:
+        texts = [t.text for t in lexed[k].tokens]
+        name, expression = _temporary(texts)
+        if name is None or name in target:  # a name the other side keeps is no temporary
+            rest += texts
+        elif not assigned.isdisjoint(expression):
+            return False  # a name it computes with changes between definition and use
+        else:
+            temps[name] = expression
+    if not temps or not any(name in rest for name in temps):
+        return False
+    return _matches_with(rest, target, temps)
+
+
+def _temporary(texts: list[str]) -> tuple[str | None, list[str]]:
+    """``name = expression`` (Python) or ``[const] type name = expression;`` (C): the name
+    and the expression's tokens; (None, []) for any other line."""
+    if "=" not in texts:
+        return None, []
+    at = texts.index("=")
+    head, expression = texts[:at], texts[at + 1:]
+    if not head or not expression or expression[0] == "=" or not head[-1].isidentifier() or (
+            len(head) > 1 and not all(t.isidentifier() or t in ("*", "&", ":", "<", ">")
+                                      for t in head[:-1])):
+        return None, []
+    if expression[-1] == ";":
+        expression = expression[:-1]
+    if _depths(expression)[-1] != 0:
+        return None, []
+    return head[-1], expression
+
+
+def _matches_with(old: list[str], new: list[str], temps: dict[str, list[str]]) -> bool:
+    """Whether ``old`` with each temporary replaced by its expression is ``new``."""
+    i = j = 0
+    while i < len(old):
+        token = old[i]
+        expression = temps.get(token)
+        if expression is not None and (i == 0 or old[i - 1] != "."):
+            n = len(expression)
+            left = old[i - 1] if i else ""
+            right = old[i + 1] if i + 1 < len(old) else ""
+            if new[j:j + n] == expression and _bare_is_same(expression, left, right):
+                i, j = i + 1, j + n
+                continue
+            if new[j:j + 1] == ["("] and new[j + 1:j + 1 + n] == expression and (
+                    new[j + 1 + n:j + 2 + n] == [")"]):
+                i, j = i + 1, j + n + 2
+                continue
+            return False
+        if j >= len(new) or new[j] != token:
+            return False
+        i, j = i + 1, j + 1
+    return j == len(new)
+
+
+_ADDITIVE = frozenset("+-")
+_MULTIPLICATIVE = frozenset("*/%@")
+_OPENING = frozenset({"", "(", "[", ",", "=", "return", ":"})
+
+
+def _bare_is_same(expression: list[str], left: str, right: str) -> bool:
+    """Whether ``expression`` written bare between ``left`` and ``right`` parses as one
+    operand (the tree the temporary made): an atom always; a product or sum only as the
+    leftmost operand of an operator that binds no tighter."""
+    depths = _depths(expression)
+    top = {t for t, d in zip(expression, depths, strict=True) if d == 0 and not (
+        t.isidentifier() or t[:1].isdigit() or t in "([.")}
+    if not top:
+        return True
+    if top <= _MULTIPLICATIVE:
+        return left in _OPENING | _ADDITIVE and right in {"", ")", "]", ",", ";"} | _ADDITIVE | (
+            _MULTIPLICATIVE)
+    if top <= _ADDITIVE | _MULTIPLICATIVE:
+        return left in _OPENING and right in {"", ")", "]", ",", ";"} | _ADDITIVE
+    return False
+
+
+def _depths(tokens: list[str]) -> list[int]:
+    """The bracket depth after each token."""
+    out, depth = [], 0
+    for t in tokens:
+        depth += (t in "([{") - (t in ")]}")
+        out.append(depth)
+    return out
+
+
+def _unbraced(indices: list[int], lexed: Sequence[Lexed]) -> list[str]:
+    """The tokens of lines without a ``{`` that ends a line or a ``}`` that starts one: a
+    block opened where a statement joins an ``if`` (``if (c)`` -> ``if (c) {``) changes
+    nothing of its own; the statements the block gains are changes of their own lines."""
+    out: list[str] = []
+    for k in indices:
+        texts = [t.text for t in lexed[k].tokens]
+        if texts and texts[-1] == "{":
+            texts.pop()
+        if texts and texts[0] == "}":
+            texts.pop(0)
+        out += texts
+    return out
 
 
 def _mark_opcodes(old: list[_Tok], new: list[_Tok], out: dict[int, LineChange],
@@ -184,13 +333,20 @@ def _is_rename(old: list[_Tok], new: list[_Tok], significant: Callable[[str], bo
             return False
         # An attribute, a method or a qualified name (x.half -> x.float, std::memory_order_*,
         # p->lock) is an API, not a local name.
-        if index and (old[index - 1][1].text in ".:>" or new[index - 1][1].text in ".:>"):
+        if _qualified(old, index) or _qualified(new, index):
             return False
         if forward.setdefault(a.text, b.text) != b.text or backward.setdefault(
                 b.text, a.text) != a.text:
             return False
     return not any(significant(name) for pair in forward.items() for name in pair) and all(
         renamed(a, b) for a, b in forward.items())
+
+
+def _qualified(tokens: list[_Tok], index: int) -> bool:
+    """Whether the name at ``index`` follows ``.``, ``->`` or ``::`` (not a slice's ``:``)."""
+    before = tokens[index - 1][1].text if index else ""
+    return before in (".", ">") or (
+        before == ":" and index > 1 and tokens[index - 2][1].text == ":")
 
 
 _PY_TARGETS = re.compile(r"^\s*([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*(?::[^=]+)?=(?!=)")

@@ -143,10 +143,14 @@ Hits = dict[str, tuple[Signature, str]]  # rule -> (signature, the text it match
 
 def analyse_code(change: FileChange, lexer: Callable[[Sequence[str]], list[Lexed]],
                  contexts: Contexts | None, signatures: SignatureSet | None,
-                 extra: Extra | None, moves: MoveIndex | None = None) -> list[Ordered]:
+                 extra: Extra | None, moves: MoveIndex | None = None,
+                 seen: set[tuple[int, int]] | None = None) -> list[Ordered]:
     """The findings of one file of code (see the module docstring); ``signatures`` None: a
-    build file, read for fast-math flags and precision switches only."""
+    build file, read for fast-math flags and precision switches only. ``seen`` gets the order
+    of every line whose code tokens changed."""
     changed = changed_lines(change, lexer, contexts, signatures)
+    if seen is not None:
+        seen.update(item.order for item in changed if item.change.code)
     moved = _moved(changed)
     # Code moved here from another file of the diff (a module split) changes nothing.
     relocated = moves.relocated(change.path, changed) if moves is not None else set()

@@ -7,12 +7,23 @@ variables set from Python and dtypes in config files went through with no findin
 *family* here (one pattern over the names such code uses, not one example), searched on the
 changed lines with comments blanked and strings masked (``lexers``).
 
-Contract: ``family_findings(change, language, found)`` returns the extra findings of one file
-(order keys as ``analysers.analyse``), given the file's language and what the analysers
-``found``. Test files get only the test families (a loosened tolerance, a changed seed). And
-the classifier fails closed: in a file that holds kernels, launchers, a forward pass, serving
-or deployment, a changed line whose numbers, dtypes, call arguments or environment values
-differ, with no finding in the whole file, is ``unclassified``: a reviewer decides.
+A second held-out set found more: tolerances without the usual names (a row of bare numbers
+in a parametrised test), clamps in layout code, random engines seeded in C++, barriers and
+waits named by their own words (``cluster_sync``, ``barrier->wait``), cache-hinted loads,
+synchronising allocations, conditions over a precision step, kernel switches and launcher
+defaults, compiler flags and architectures in build recipes and JIT compilers, environment
+variables read as switches; and harmless refactors of kernel code that looked risky (a
+temporary inlined, a log-only branch, a docstring's example, a trailing comma).
+
+Contract: ``family_findings(change, language, found, moves, changed)`` returns the extra
+findings of one file (order keys as ``analysers.analyse``), given the file's language, what
+the analysers ``found`` and which lines they saw ``changed``. Test files get only the test
+families (a loosened or rewritten tolerance, a relaxed comparison, a changed seed). And the
+classifier fails closed: in a file that holds kernels, launchers, a forward pass, serving or
+deployment, a changed line whose numbers, booleans, logic, dtypes, call arguments or
+environment values differ, with no finding in the whole file, is ``unclassified``: a
+reviewer decides. ``judged_where_used(findings)`` drops the fail-closed findings of a diff
+that only define a new name a flagged line of another file uses.
 """
 
 from __future__ import annotations
@@ -22,8 +33,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from reviews.risk import files
+from reviews.risk.code import NATIVE as _NATIVE_SET
+from reviews.risk.code import PYTHON as _PYTHON_SET
 from reviews.risk.code import MoveIndex
 from reviews.risk.diff import ADDED, CONTEXT, REMOVED, DiffLine, FileChange, Hunk
+from reviews.risk.environment import waits_or_meets
 from reviews.risk.findings import MAX_TEXT, Finding
 from reviews.risk.lexers import Lexed, lex_c, lex_python
 from reviews.risk.lines import Ordered
@@ -32,6 +46,9 @@ from reviews.risk.signatures import (
     ATOMICS,
     CONCURRENCY,
     DEPLOY,
+    FAST_MATH,
+    FAST_MATH_FLAGS,
+    GPU_ARCH,
     KERNEL,
     NUMERICS,
     PRECISION,
@@ -41,20 +58,38 @@ from reviews.risk.signatures import (
     THREADS,
     UNCLASSIFIED,
     UNSURE,
+    words,
 )
 
 Order = tuple[int, int]
 
 _NUMBER = re.compile(r"(?<![\w.])(?:0[xX][0-9a-fA-F]+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+)"
                      r"[uUlLfF]*")
+# Sizes, not places: a name ending in _idx, _start or _ptr is a position, and Triton code names
+# a block of data x_block (dW_block = DY_block * x_hat), not a size.
 _TILE_NAME = (r"(?:\w*(?:BLOCK|TILE|SPLIT|SPLITS|CHUNK|WARPS|STAGES|TACTICS?|CONFIGS?)\w*|"
-              r"\w*(?:block|tile|split|splits|chunk)_\w*|\w*_(?:block|tile|tiles|split|splits|chunk)|"
+              r"\w*(?:block|tile|split|splits|chunk)_(?!(?:idx|id|index|ptr|offset|offsets|start|"
+              r"end|begin|stop|base|stride)\b)\w*|\w*_(?:tile|tiles|split|splits|chunk)|"
               r"num_warps|num_stages|num_ctas|B[TKVSMNDCH]|BLOCK|BS|NV|NK)")
 _TILING = re.compile(rf"(?:^|[\s,(]){_TILE_NAME}\s*(?::\s*[\w.\[\], ]+)?=(?!=)|"
                      r"\btriton\.Config\(|\bfor\s+B[A-Z]?\s+in\s+\[")
+# A name set to nothing yet (a cache, a table filled later) holds no size.
+_EMPTY_VALUE = re.compile(r"=\s*(?:\{\s*\}|\[\s*\]|None|dict\(\s*\)|list\(\s*\))\s*$")
 _OPENS_TABLE = re.compile(rf"^\s*{_TILE_NAME}\s*(?::[^=]*)?=\s*[\[({{]\s*$")
 _TOLERANCE = re.compile(r"(?i)\b(?:a?tol|rtol|atol|tolerance|eps|ratio|err_ratio|"
                         r"assert_close|allclose|assert_allclose|isclose|check_close)\b")
+# Names of a tolerance as identifier words (abs_tol, fwd_atol, rtol_logits), and a row of bare
+# numbers (a parametrised test's table: its columns have no names).
+_TOLERANCE_WORDS = frozenset({"tol", "atol", "rtol", "tolerance", "tolerances", "eps",
+                              "epsilon"})
+_TOLERANCE_WORD = re.compile(words(*_TOLERANCE_WORDS))
+_NUMBER_ROW = re.compile(r"^\s*[-+]?(?:\d|\.\d)[-+\w.]*\s*(?:,\s*[-+]?(?:\d|\.\d)[-+\w.]*\s*)*,?"
+                         r"\s*$")
+_COMPARISON = re.compile(r"\b(?:assert_close|allclose|assert_allclose|isclose|assert_verbose_"
+                         r"allclose|check_close|assert_almost_equal)\b")
+_TOLERANCE_ARGUMENT = re.compile(r"\b(?:atol|rtol|tol|eps|decimal|prec)\s*=(?!=)")
+_EXACT = re.compile(r"\b(?:torch\.equal|array_equal|assert_array_equal|assert_equal)\s*\(")
+_ASSIGNED_NAME = re.compile(r"(?m)^\s*([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)")
 _SEED = re.compile(r"(?i)\b(?:\w*seed\w*|random_state)\b")
 _FLOAT_ATOMIC = re.compile(r"\b(?:atomicAdd\w*|atomic_add|atomic_fetch_add|atomicAdd_system|"
                            r"index_add_?|scatter_add_?|scatter_reduce_?|index_put_)\b|"
@@ -67,7 +102,7 @@ _WARP_SYNC = re.compile(r"\b(?:__shfl\w*|__ballot_sync|__any_sync|__all_sync|__a
                         r"\bfence\.\w+")
 _ENV_SET = re.compile(r"\b(?:os\.environ\s*\[[^\]]*\]\s*=(?!=)|os\.environ\.(?:setdefault|"
                       r"update)\s*\(|os\.putenv\s*\(|(?:setenv|putenv)\s*\()")
-_ENV_CONCURRENCY = re.compile(r"(?i)THREADS|CONNECTIONS|BLOCKING|ASYNC|STREAMS|WORKERS")
+_QUOTED_NAME = re.compile(r"[\"']([A-Za-z_][A-Za-z0-9_]*)[\"']")
 _REPLICAS = re.compile(r"\b(?:(?:num|min|max|initial)_replicas|replicas|(?:min|max)_containers|"
                        r"keep_warm|buffer_containers|scaledown_window|autoscaling_config|"
                        r"max_ongoing_requests|max_concurrent_queries|allow_concurrent_inputs|"
@@ -81,7 +116,10 @@ _CONFIG_DTYPE = re.compile(r"(?i)(?:^|[\s\"'{,])[\w.-]*(?:dtype|precision|quant\
 _LOG_OR_RAISE = re.compile(r"^\s*(?:raise\b|print\(|\w*\.?(?:log|logger|logging|warn|warning|"
                            r"info|debug|error)\w*\(|warnings\.warn\()")
 _CALL = re.compile(r"([\w.]+)\s*\([^)]")
-_VALUE = re.compile(r"(?<![\w.])(?:[2-9]|\d\d+|\d*\.\d+)|\bdtype\b")
+_LOG_CALL = re.compile(r"^\s*(?:[\w.]*\.)?(?:log\w*|logger|logging|warn\w*|print|info|debug|"
+                       r"warning|error|critical|exception)\s*\(|^\s*(?:logger|logging|log)\.\w+\(")
+_LOG_BRANCH = re.compile(r"^(\s*)(?:(?:el)?if\b[^()]*|else\s*):\s*$")
+_VALUE = re.compile(r"(?<![\w.])(?:[2-9]|\d\d+|\d*\.\d+)|\bdtype\b|\b(?:true|false|True|False)\b")
 _TRAILING_COMMA = re.compile(r",([)\]}])")
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _DEF = re.compile(r"^\s*(?:async\s+def|def|class|import|from|@)\b|^\s*@")
@@ -133,10 +171,74 @@ _BUILD_LINE = re.compile(r"(?i)\b(?:extra_link_args|library_dirs|runtime_library
 # Python (a request queue, a cost model) whose constants are nobody's numerics.
 _RISKY_PATH = re.compile(r"(?i)(?:^|/)(?:ops|kernels?|csrc|cuda|triton|layers|models?|"
                          r"deploy\w*|launch\w*|comm|moe\w*|attention|gemm|jit)(?:/|\.|_|$)")
+# Device code: a line that only GPU code writes.
+_DEVICE_MARKS = (r"__global__|__device__|__shared__|threadIdx|blockIdx|__syncthreads|__ldg|"
+                 r"warpgroup_|cute::|cutlass::arch")
+_DEVICE_SUFFIXES = (".cu", ".cuh", ".hip")
+_DEVICE_MARK = re.compile(_DEVICE_MARKS)
+# Code that runs a compiler: it passes nvcc, NVRTC or hipcc their flags.
+_COMPILER = re.compile(r"nvcc|nvrtc|hipcc|ptxas|NVCC|NVRTC|--gpu-architecture|-gencode|"
+                       r"--offload-arch|-arch=sm_")
+_LITERAL = re.compile(r"\b(?:true|false|True|False|None|nullptr)\b|"
+                      r"(?<![\w.])-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?[uUlLfF]*|\"[^\"]*\"|'[^']*'")
+_KERNEL_DSL = re.compile(r"@triton\.jit|tl\.(?<![\w.]tl\.)\w|cute\.\w|cutlass\.\w|T\.Kernel|"
+                         r"tilelang|gluon")
 _RISKY_CODE = re.compile(r"@triton\.jit|\btl\.\w|__global__|__device__|\bdef\s+forward\b|"
                          r"<<<|\bT\.Kernel\b|\bcute\.\w|\btorch\.\w|asm\s+volatile|"
                          r"\b(?:uvicorn|serve|app|server)\.(?:run|start|deployment)\b|"
-                         r"\bos\.environ\b")
+                         r"\bos\.environ\b|" + _DEVICE_MARKS)
+
+# --- Third round (issue 27, the second held-out set) -----------------------------------------
+# A call that synchronises GPU threads, named by its words (cluster_sync, tcgen05_after_thread_
+# sync, full_barrier->wait(phase), cp_async_bulk_wait_group, warpgroup_arrive): in kernel code
+# a function named as a barrier, fence, wait or arrival is one. Not a warp shuffle, vote or
+# reduction (__shfl_xor_sync, __ballot_sync, __reduce_add_sync): they exchange values; nor a
+# method release() without arguments (std::unique_ptr's ptr.release() hands over ownership).
+_SYNC_WORDS = words("sync", "synchronize", "barrier", "barriers", "fence", "arrive", "wait",
+                    "commit", "acquire", "acq", "release")
+_SYNC_CALL = re.compile(rf"(?:[A-Za-z_]\w*(?:::|\.|->))*\w*(?:{_SYNC_WORDS})\w*"
+                        r"(?<!_sync)(?:<[^<>()]*>)?\s*\((?!(?<=[.>]release\()\s*\))|"
+                        r"\b(?![\w:]*(?:shfl|ballot|reduce|any_sync|all_sync|match|elect|"
+                        r"activemask))[\w:.>-]*_sync(?:<[^<>()]*>)?\s*\(")
+# Loads and stores through (or past) a cache whose coherence other threads and kernels see.
+_CACHED_ACCESS = re.compile(r"\b__(?:ldg|ldca|ldcg|ldcs|ldlu|ldcv|stwb|stcg|stcs|stwt)\b|"
+                            r"\bld\.global\.nc\b|\bld_nc\w*|\bcache_modifier\s*=|"
+                            r"\bvolatile\s*=\s*True\b")
+# Allocation, free and copies that synchronise the whole device (unlike stream-ordered ones).
+_DEVICE_ALLOC = re.compile(r"\b(?:cuda|hip)(?:Malloc|Free|MallocHost|FreeHost|HostAlloc|"
+                           r"MallocManaged|Memcpy|Memset|Memcpy2D|DeviceReset)\b|"
+                           r"\btorch\.cuda\.empty_cache\b|\bCUDACachingAllocator::\w+")
+# A clamp of a value or an index: max(0, i), fminf, __saturatef, tl.maximum, torch.clamp.
+_NATIVE_CLAMP = re.compile(r"(?<![\w.>])(?:std::|cuda::std::)?(?:max|min|fmaxf?|fminf?|clamp|"
+                           r"__saturatef|saturate)\s*\(")
+_PYTHON_CLAMP = re.compile(r"\btl\.(?:maximum|minimum|clamp)\s*\(|\b(?:torch|np|numpy)\."
+                           r"(?:clamp|clip|maximum|minimum)\s*\(|\.(?:clamp|clip|clamp_min|"
+                           r"clamp_max)_?\s*\(")
+# Literals one of which each match of the pattern above contains: searched first, because a
+# pattern that starts with a lookbehind or a name class is tried at every position.
+_SYNC_HINT = re.compile(r"(?i)sync|barrier|fence|arrive|wait|commit|acq|release|shfl|ballot|"
+                        r"activemask|bar\.")
+_CLAMP_HINT = re.compile(r"max|min|clamp|clip|satur")
+_RNG_HINT = re.compile(r"mt19937|rand|Random|PRNGKey|Generator|ranlux|knuth")
+# Random engines and their seeding: std::mt19937(j), srand(0), curand_init(seed, ...).
+_RNG = re.compile(r"\b(?:std::)?(?:mt19937(?:_64)?|minstd_rand0?|default_random_engine|"
+                  r"ranlux\w+|knuth_b)(?:\s+\w+)?\s*[({]|\b(?:srand|srandom|srand48|"
+                  r"curand_init|hiprand_init|RandomState|PRNGKey|random\.Random|"
+                  r"Generator\(\)\.manual_seed|torch\.Generator)\s*\(|default_generators\b")
+# Which kernel computes: flash attention, SDPA, cuDNN, cuBLAS, Triton, Marlin ... on or off.
+_KERNEL_CHOICE = frozenset({"flash", "sdpa", "cudnn", "cublas", "cublaslt", "triton", "marlin",
+                            "machete", "exllama", "fused", "deterministic", "tf32", "cutlass",
+                            "flashinfer", "xformers", "ck"})
+_SWITCH_VALUE = re.compile(r"\b(?:true|false|True|False)\b|[\"'][\w.-]*[\"']")
+_CONDITION = re.compile(r"^\s*(?:el(?:se\s+)?if|if|while|else\s+if)\b")
+_LOGIC_TOKEN = re.compile(r"\b(?:and|or|not|is|in|true|false|True|False|None|nullptr)\b|"
+                          r"==|!=|<=|>=|&&|\|\||(?<![<>=!-])[<>](?![<>=])|!(?!=)")
+_ENV_READ = re.compile(r"\b(?:os\.environ\.get|os\.getenv|getenv|std::getenv|"
+                       r"os\.environ\[[^\]]*\](?!\s*=[^=]))\s*\(?")
+# A compiler flag written in a build recipe's string: "-Xfatbin", "--lsr-drop-solution=1".
+_FLAG_STRING = re.compile(r"""(["'])(-{1,2}[A-Za-z][^"'\s]*)\1""")
+_FAST_MATH_FLAG = re.compile(FAST_MATH_FLAGS.pattern)
+_ARCH = re.compile(GPU_ARCH)
 
 
 @dataclass
@@ -148,38 +250,89 @@ class Families:
     findings: list[Ordered]
     explained: set[Order]  # lines whose kernel and accumulation findings a family replaces
     linked: set[Order]  # lines of a build recipe: what is linked, not what synchronises
+    # A build recipe: its threads are compiler jobs, its dtypes name the sources it compiles.
+    build: bool = False
 
     def supersedes(self, order: Order, finding: Finding) -> bool:
         """Whether the analysers' ``finding`` at ``order`` gives way to a family's."""
         return (order in self.explained and finding.rule in (KERNEL, ACCUMULATION)) or (
-            order in self.linked and finding.category == CONCURRENCY)
+            order in self.linked and finding.category == CONCURRENCY) or (
+            self.build and (finding.rule == THREADS or (
+                finding.category == NUMERICS and finding.rule != FAST_MATH)))
+
+
+@dataclass(frozen=True)
+class _File:
+    """What one file of code is, and what the analysers found in it, as the families read
+    its lines."""
+
+    python: bool
+    test: bool
+    build: bool  # a build recipe (setup.py, torch's extension builders)
+    device: bool  # holds GPU kernels: CUDA or HIP source, device code, a kernel DSL
+    risky: bool  # holds kernels, launchers, a forward pass, serving or deployment
+    launcher: bool  # its path says it starts or serves the service
+    compiler: bool  # runs a compiler: a build recipe or code that passes nvcc flags
+    unseen_kernel: bool  # the analysers found no numerics: a kernel's def may be out of sight
+    flagged: frozenset[Order]  # lines the analysers found something on
+    precision: frozenset[Order]  # lines the analysers found numerics (not fast-math) on
+    changed: frozenset[Order] | None  # code lines whose tokens changed (None: not known)
+    sides: dict[str, str]  # each side's changed lines of the whole file, without layout
+
+
+def _file_of(change: FileChange, language: str | None, found: Sequence[Ordered],
+             changed: set[Order] | None) -> _File:
+    python = language in (files.PYTHON, files.CYTHON)
+    code = python or language in (files.NATIVE, files.SHADER)
+    test = files.is_test(change.path)
+    text = _diff_text(change)
+    build = python and not test and _is_build_recipe(change, text)
+    return _File(
+        python=python, test=test, build=build,
+        device=code and not test and _holds_device_code(change, language, text),
+        # A build recipe's own arithmetic (jobs, memory per job) is how fast the wheel builds.
+        risky=code and not test and not build and _holds_risky_code(change, text),
+        launcher=code and files.is_launcher(change.path),
+        compiler=build or (code and not test and bool(_COMPILER.search(text))),
+        unseen_kernel=python and not any(f.category == NUMERICS for _, f in found),
+        flagged=frozenset(order for order, _ in found),
+        precision=frozenset(order for order, f in found
+                            if f.category == NUMERICS and f.rule != FAST_MATH),
+        changed=None if changed is None else frozenset(changed),
+        # A read moved between hunks, a check relaxed in another hunk: the whole file's sides.
+        sides=_file_sides(change, lex_python if python else lex_c) if build or test else (
+            {ADDED: "", REMOVED: ""}))
 
 
 def family_findings(change: FileChange, language: str | None, found: Sequence[Ordered],
-                    moves: MoveIndex | None = None) -> Families:
+                    moves: MoveIndex | None = None,
+                    changed: set[Order] | None = None) -> Families:
     """The families' findings of one file and, when nothing at all was found in a file that
-    runs kernels or serves, the fail-closed ``unclassified`` ones (see the module docstring)."""
-    test = files.is_test(change.path)
+    runs kernels or serves, the fail-closed ``unclassified`` ones (see the module docstring).
+    ``changed``: the code lines the analysers saw change (a line outside it was renamed,
+    re-wrapped or had a temporary inlined): the fallback rules read only those."""
     code = language in (files.PYTHON, files.CYTHON, files.NATIVE, files.SHADER)
     config = language in files.CONFIG_LANGUAGES
     families = Families([], set(), set())
     if not (code or config):
         return families
-    python = language in (files.PYTHON, files.CYTHON)
-    lexer = lex_python if python else lex_c
+    kind = _file_of(change, language, found, changed)
+    families.build = kind.build
+    lexer = lex_python if kind.python else lex_c
     out = families.findings
     unsure: list[Ordered] = []
-    risky = not test and code and _holds_risky_code(change)
-    build = python and not test and _is_build_recipe(change)
-    # Where the analysers saw no kernel (its def out of the hunk's sight), a tl.* call says one.
-    unseen_kernel = python and not any(f.category == NUMERICS for _, f in found)
+    if code and not kind.test:
+        for h, i in _across_barrier(change, kind.device):
+            out.append(((h, i), _finding(change, change.hunks[h].lines[i], SYNC, CONCURRENCY,
+                                         "moves code across a barrier: what the other threads "
+                                         "see when they pass it")))
+            if kind.device:  # the run is explained by its order, as the analysers' barriers are
+                families.explained.update(_run_of(change.hunks[h], i, h))
     for h, hunk in enumerate(change.hunks):
         lines = list(_lines(hunk, lexer, config))
-        if code and not test:
-            out += [((h, i), _finding(change, hunk.lines[i], SYNC, CONCURRENCY,
-                                      "moves code across a barrier: what the other threads "
-                                      "see when they pass it"))
-                    for i in _across_barrier(hunk)]
+        logged = _log_only(lines) if kind.python and not kind.test else set()
+        families.explained.update((h, i) for i in logged)
+        if code and not kind.test:
             for i, reason in _lanes_and_writers(lines):
                 families.explained.add((h, i))
                 out.append(((h, i), _finding(change, hunk.lines[i], SYNC, CONCURRENCY, reason)))
@@ -187,31 +340,108 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
             if line.kind == CONTEXT:
                 continue
             order = (h, i)
-            if test:
-                hits = _test_hits(line)
+            if kind.test:
+                hits = _test_hits(line, kind.sides[ADDED])
             elif config:
                 hits = _config_hits(line)
             else:
-                hits = _code_hits(line, unseen_kernel)
-                if order in families.explained:  # concurrency only, as the analysers'
-                    hits = [hit for hit in hits if hit[1] != NUMERICS]
-                if build and _BUILD_LINE.search(line.text) and not _untouched(line.code, line):
-                    families.linked.add(order)
-                    hits = [(DEPLOY, PRODUCTION, "changes a build recipe's libraries, link "
-                             "arguments, architectures or build environment: the binary "
-                             "production runs")] + [hit for hit in hits if hit[1] != CONCURRENCY]
+                hits = _code_line_hits(lines, i, order, kind, families, hunk)
             out += [(order, _finding(change, hunk.lines[i], rule, category, reason))
                     for rule, category, reason in hits]
             moved = moves is not None and moves.elsewhere(change.path, hunk.lines[i])
-            if risky and not hits and not moved and _changes_a_value(line):
+            if kind.risky and not hits and not moved and i not in logged and (
+                    kind.changed is None or order in kind.changed) and _changes_a_value(line):
                 unsure.append((order, _finding(
                     change, hunk.lines[i], UNSURE, UNCLASSIFIED,
-                    "changes a number, dtype, call argument or environment value in code that "
-                    "runs kernels or serves, and no rule knows it: a reviewer decides")))
+                    "changes a number, boolean, condition, dtype, call argument or environment "
+                    "value in code that runs kernels or serves, and no rule knows it: a reviewer "
+                    "decides")))
+    if families.explained:  # a run explained late: its families' kernel findings go too
+        families.findings = [(order, f) for order, f in out if not (
+            order in families.explained and f.rule in (KERNEL, ACCUMULATION))]
     kept = [(order, f) for order, f in found if not families.supersedes(order, f)]
-    if not kept and not out:
+    if not kept and not families.findings:
         families.findings = unsure
     return families
+
+
+def _code_line_hits(lines: Sequence[_Line], i: int, order: Order, kind: _File,
+                    families: Families, hunk: Hunk) -> list[_Hit]:
+    """The families of one changed line of code (not a test), and what they explain."""
+    line = lines[i]
+    ordering = _ordering_hits(line, kind)
+    if ordering and kind.device:  # the run's kernel findings give way, as the analysers' do
+        families.explained.update(_run_of(hunk, i, order[0]))
+    seen = kind.changed is None or order in kind.changed
+    hits = _code_hits(line, kind.unseen_kernel and seen) + ordering + _gpu_hits(
+        line, lines, i, kind)
+    if order in families.explained:  # concurrency only, as the analysers'
+        hits = [hit for hit in hits if hit[1] != NUMERICS]
+    if kind.compiler:
+        hits += _compiler_hits(line, kind.build and order in kind.precision)
+    if kind.build and _BUILD_LINE.search(line.text) and not _untouched_reads(
+            line, kind.sides[REMOVED if line.kind == ADDED else ADDED]):
+        families.linked.add(order)
+        hits = [(DEPLOY, PRODUCTION, "changes a build recipe's libraries, link arguments, "
+                 "architectures or build environment: the binary production runs")] + [
+            hit for hit in hits if hit[1] != CONCURRENCY]
+    if _CLAMPED in hits and any(hit[1] == CONCURRENCY for hit in hits):
+        hits.remove(_CLAMPED)  # weak: a block count clamped for a grid barrier
+    if kind.build:
+        hits = [hit for hit in hits if hit[0] != THREADS]  # compiler jobs, not serving threads
+    elif kind.risky and order not in kind.flagged and not hits:
+        hits = _reads_environment(line)
+    return _distinct(hits)
+
+
+def _log_only(lines: Sequence[_Line]) -> set[int]:
+    """The changed lines of a Python hunk that only log: a log or print call with the lines
+    its arguments run over, and an ``if``/``elif``/``else`` (on plain comparisons, no call)
+    whose body only logs. Their text is what a reader sees; no value changes."""
+    out: set[int] = set()
+    if not any(_LOG_CALL.match(line.code) for line in lines):
+        return out
+    for side in (ADDED, REMOVED):
+        indices = [i for i, line in enumerate(lines) if line.kind in (CONTEXT, side)]
+        logging = _log_lines(lines, indices)
+        for position, i in enumerate(indices):
+            header = _LOG_BRANCH.match(lines[i].code)
+            if header is None:
+                continue
+            indent = len(header.group(1))
+            body = [k for k in indices[position + 1:] if lines[k].code.strip()]
+            block = []
+            for k in body:
+                if len(lines[k].code) - len(lines[k].code.lstrip()) <= indent:
+                    break
+                block.append(k)
+            if block and all(k in logging for k in block):
+                logging.add(i)
+        out |= {i for i in logging if lines[i].kind == side}
+    return out
+
+
+def _log_lines(lines: Sequence[_Line], indices: Sequence[int]) -> set[int]:
+    """The lines of one side that are log or print calls, with their continuation lines."""
+    out: set[int] = set()
+    depth = 0
+    for i in indices:
+        code = lines[i].code
+        if depth > 0 or (_LOG_CALL.match(code)):
+            out.add(i)
+            depth = max(0, depth + code.count("(") - code.count(")"))
+    return out
+
+
+def _run_of(hunk: Hunk, i: int, h: int) -> set[Order]:
+    """The orders of the run of changed lines (no context between) that line ``i`` is in."""
+    lines = hunk.lines
+    start, end = i, i
+    while start > 0 and lines[start - 1].kind != CONTEXT:
+        start -= 1
+    while end + 1 < len(lines) and lines[end + 1].kind != CONTEXT:
+        end += 1
+    return {(h, k) for k in range(start, end + 1)}
 
 
 @dataclass(frozen=True)
@@ -226,26 +456,56 @@ class _Line:
     kin: str | None  # the other side's line of the same form, numbers and names aside
     other: str  # every line of the other side, joined: what the change did not touch
     decorated: bool = False  # inside a decorator's call (``@serve.deployment(`` above)
+    raw: str = ""  # the line with its strings, comments blanked
+    sides: _RawSides | None = None  # the hunk's sides with their strings
+    target: str | None = None  # the name the line assigns or #defines, if any
+
+    @property
+    def raw_other(self) -> str:
+        """The other side's lines with their strings (comments blanked), joined."""
+        if self.sides is None:
+            return ""
+        return self.sides.joined(REMOVED if self.kind == ADDED else ADDED)
+
+
+
+class _RawSides:
+    """A hunk's changed lines with their strings, by side, joined when first asked for: most
+    lines never need them."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, list[str]] = {ADDED: [], REMOVED: []}
+        self._joined: dict[str, str] = {}
+
+    def joined(self, kind: str) -> str:
+        if kind not in self._joined:
+            lines = [" ".join(raw.split()) for raw in self.lines[kind]]
+            self._joined[kind] = "\n".join(lines) + "\n" + _squash("".join(lines))
+        return self._joined[kind]
 
 
 def _lines(hunk: Hunk, lexer: Callable[[Sequence[str]], list[Lexed]],
            config: bool) -> Iterator[_Line]:
     """The hunk's lines with their counterparts on the other side (see ``_Line``)."""
     texts = [line.text for line in hunk.lines]
-    masked = texts if config else [item.code for item in lexer(texts)]
+    lexed = None if config else lexer(texts)
+    masked = texts if lexed is None else [item.code for item in lexed]
+    raws = texts if lexed is None else [item.raw for item in lexed]
     table = ""
     shapes: dict[str, dict[str, str]] = {ADDED: {}, REMOVED: {}}
     forms: dict[str, dict[str, str]] = {ADDED: {}, REMOVED: {}}
     sides: dict[str, list[str]] = {ADDED: [], REMOVED: []}
-    for line, code in zip(hunk.lines, masked, strict=True):
+    raw_sides = _RawSides()
+    for line, code, raw in zip(hunk.lines, masked, raws, strict=True):
         if line.kind != CONTEXT:
             shapes[line.kind].setdefault(_shape(code), code)
             forms[line.kind].setdefault(_form(code), code)
             sides[line.kind].append(" ".join(code.split()))
+            raw_sides.lines[line.kind].append(raw)
     joined = {kind: "\n".join(lines) + "\n" + _squash("".join(lines))
               for kind, lines in sides.items()}
     depth = 0  # open brackets of a decorator's call
-    for line, code in zip(hunk.lines, masked, strict=True):
+    for line, code, raw in zip(hunk.lines, masked, raws, strict=True):
         decorated = depth > 0 or bool(_DECORATOR.match(code))
         if decorated:
             depth = max(0, depth + code.count("(") - code.count(")"))
@@ -254,29 +514,55 @@ def _lines(hunk: Hunk, lexer: Callable[[Sequence[str]], list[Lexed]],
         elif code.strip()[:1] in ("]", ")", "}") and not code.startswith((" " * 8, "\t\t")):
             table = ""
         if line.kind == CONTEXT:
-            yield _Line(line.kind, line.text, code, table, None, None, "", decorated)
+            yield _Line(line.kind, line.text, code, table, None, None, "", decorated, raw)
             continue
         other = REMOVED if line.kind == ADDED else ADDED
         yield _Line(line.kind, line.text, code, table, shapes[other].get(_shape(code)),
-                    forms[other].get(_form(code)), joined[other], decorated)
+                    forms[other].get(_form(code)), joined[other], decorated, raw, raw_sides,
+                    _assigned(code))
 
 
-def _across_barrier(hunk: Hunk) -> list[int]:
-    """The changed lines that moved from one side of an unchanged barrier to the other: the
-    diff shows the statement moving, but what changed is the barrier's place."""
-    lines = hunk.lines
-    barriers = [k for k, line in enumerate(lines)
-                if line.kind == CONTEXT and _WARP_SYNC.search(line.text)]
-    out: list[int] = []
-    for k in barriers:
-        before = {" ".join(line.text.split()): line.kind for line in lines[:k]
-                  if line.kind != CONTEXT}
-        for i in range(k + 1, len(lines)):
-            line = lines[i]
-            kind = before.get(" ".join(line.text.split()))
-            if line.kind != CONTEXT and kind is not None and kind != line.kind:
-                out.append(i)
-    return out
+def _across_barrier(change: FileChange, device: bool = False) -> list[Order]:
+    """The changed lines whose order against a barrier changed: a statement moved from one
+    side of a barrier to the other (within a hunk or from one hunk to another), or a barrier
+    moved past statements. The barrier may be an unchanged line, a moved one, or one the
+    change adds or removes between a statement's two places (TMEM freed after a new
+    cluster_sync rather than before); in kernel code a call named as a barrier, fence, wait
+    or acquire is one. A block moved or re-indented whole keeps its order: nothing to report.
+    Places are (hunk, line) in diff order: the file between hunks is out of sight."""
+    lines = [((h, i), line) for h, hunk in enumerate(change.hunks)
+             for i, line in enumerate(hunk.lines)]
+    norm = {order: " ".join(line.text.split()) for order, line in lines}
+    sides: dict[str, dict[str, list[Order]]] = {REMOVED: {}, ADDED: {}}
+    for order, line in lines:
+        if line.kind != CONTEXT and norm[order]:
+            sides[line.kind].setdefault(norm[order], []).append(order)
+    # Each line on both sides, as (its place in the old side, its place in the new side): the
+    # k-th removed copy of a text pairs with its k-th added copy.
+    both = [pair for text in sides[REMOVED].keys() & sides[ADDED].keys()
+            for pair in zip(sides[REMOVED][text], sides[ADDED][text], strict=False)]
+    if not both:
+        return []  # nothing moved: a barrier added or removed alone is a change of its own
+    partner = {a: b for pair in both for a, b in (pair, pair[::-1])}
+    both += [(o, o) for o, line in lines if line.kind == CONTEXT and norm[o]]
+    kinds = dict(lines)
+    out: set[Order] = set()
+    for order, line in lines:
+        if not _is_barrier(line.text, device):
+            continue
+        # The barrier's place on each side: its own line there, else where the diff shows it.
+        old = partner.get(order, order) if line.kind == ADDED else order
+        new = partner.get(order, order) if line.kind == REMOVED else order
+        for there, here in both:
+            if order not in (there, here) and (there < old) != (here < new):
+                out.update(o for o in (there, here, old, new) if kinds[o].kind != CONTEXT)
+    return sorted(out)
+
+
+def _is_barrier(text: str, device: bool) -> bool:
+    code = text.split("//", 1)[0]
+    return bool(_SYNC_HINT.search(code)) and bool(
+        _WARP_SYNC.search(code) or (device and _SYNC_CALL.search(code)))
 
 
 def _shape(code: str) -> str:
@@ -301,8 +587,9 @@ def _untouched(text: str, line: _Line) -> bool:
 
 
 def _squash(text: str) -> str:
-    """The text without layout: no whitespace, no trailing comma before a bracket."""
-    return _TRAILING_COMMA.sub(r"\1", "".join(text.split()))
+    """The text without layout: no whitespace, no trailing comma before a bracket or at the
+    end (an enumerator or list item that gains a comma because another now follows it)."""
+    return _TRAILING_COMMA.sub(r"\1", "".join(text.split())).rstrip(",")
 
 
 def _numbers_differ(line: _Line) -> bool:
@@ -321,7 +608,7 @@ def _code_hits(line: _Line, unseen_kernel: bool = False) -> list[_Hit]:
     if renamed:
         tiling = False  # a rename
     if tiling and (_NUMBER.search(code + (line.twin or "")) or _SIZE_CALL.search(code)
-                   or _new(_TILING, line)):
+                   or (_new(_TILING, line) and not _EMPTY_VALUE.search(code))):
         hits.append((PRECISION, NUMERICS, "changes a tile, block, split or warp size: the "
                      "reduction order and so the rounding of the result"))
     if _new(_FLOAT_ATOMIC, line):
@@ -336,9 +623,9 @@ def _code_hits(line: _Line, unseen_kernel: bool = False) -> list[_Hit]:
     if _ENV_SET.search(code) and not _untouched(code, line):
         hits.append((SERVING, PRODUCTION, "sets an environment variable from Python: how "
                      "NCCL, CUDA or the server behave in production"))
-        if _ENV_CONCURRENCY.search(text):
+        if any(waits_or_meets(name) for name in _QUOTED_NAME.findall(text)):
             hits.append((THREADS, CONCURRENCY, "sets an environment variable that decides "
-                         "threads, streams, connections or blocking"))
+                         "threads, workers, streams, connections, blocking or collectives"))
     if _REPLICAS.search(text) and (line.decorated or "deploy" in code) and (
             _numbers_differ(line) or _new(_REPLICAS, line)):
         hits.append((SERVING, PRODUCTION, "changes the replicas or containers that serve"))
@@ -357,21 +644,203 @@ def _code_hits(line: _Line, unseen_kernel: bool = False) -> list[_Hit]:
     if words & _WAIT_WORDS:
         hits.append((THREADS, CONCURRENCY, "changes how long a thread or the host waits or "
                      "polls before it gives up"))
-    if _new(_RESIDENCY, line) or (_RESIDENCY.search(_target(line) or "") and words):
+    if _new(_RESIDENCY, line) or (_RESIDENCY.search(line.target or "") and words):
         hits.append((SYNC, CONCURRENCY, "changes how many blocks run at once: a grid-wide "
                      "barrier or a persistent kernel needs all of its blocks resident"))
     return _distinct(hits)
 
 
-def _target(line: _Line) -> str | None:
-    match = _TARGET.match(line.code)
+_CLAMPED = (PRECISION, NUMERICS, "adds or removes a clamp (max(0, ...), min, clamp): which "
+            "element is read or written, or the range a value is held in")
+
+
+def _ordering_hits(line: _Line, kind: _File) -> list[_Hit]:
+    """Ordering between GPU threads, streams or kernels: a barrier, fence or wait by name, a
+    cache-hinted load, an allocation that synchronises the device. Such a change explains
+    its run: the statements around it are not also a kernel's arithmetic."""
+    code = line.code
+    hits: list[_Hit] = []
+    if kind.device and _SYNC_HINT.search(code) and _SYNC_CALL.search(code) and (
+            not _untouched(code, line)) and (
+            not _LOG_OR_RAISE.match(code)):
+        hits.append((SYNC, CONCURRENCY, "changes a barrier, fence, wait or arrival between GPU "
+                     "threads: which threads wait for which, and what they see"))
+    if ("__" in code or "cache_modifier" in code or "volatile" in code or "ld" in code) and (
+            _new(_CACHED_ACCESS, line)):
+        hits.append((SYNC, CONCURRENCY, "changes how a load or store reaches memory (__ldg, a "
+                     "cache modifier): what it sees of other threads' and kernels' writes"))
+    if ("cuda" in code or "hip" in code or "CUDACaching" in code) and any(
+            not re.search(rf"\b{m.group()}\b", line.other) for m in _DEVICE_ALLOC.finditer(code)):
+        hits.append((SYNC, CONCURRENCY, "allocates, frees or copies with an implicit "
+                     "device-wide synchronisation (cudaMalloc, cudaFree, cudaMemcpy): every "
+                     "stream waits for it"))
+    return hits
+
+
+def _gpu_hits(line: _Line, lines: Sequence[_Line], i: int, kind: _File) -> list[_Hit]:
+    """The third round's numerics and production families on one changed code line: clamps,
+    random engines, conditions over a precision step, kernel switches and a launcher's
+    defaults (see docs/risk.md)."""
+    hits: list[_Hit] = []
+    clamp = _PYTHON_CLAMP if kind.python else _NATIVE_CLAMP
+    if (kind.device or (kind.python and kind.risky)) and _CLAMP_HINT.search(line.code) and (
+            _new(clamp, line)):
+        hits.append(_CLAMPED)
+    if _RNG_HINT.search(line.code) and _new_call(_RNG, line):
+        hits.append((PRECISION, NUMERICS, "changes a random engine or its seed: the numbers "
+                     "drawn"))
+    if (kind.risky or kind.device) and _guards_precision(lines, i, kind.python):
+        hits.append((PRECISION, NUMERICS, "changes when a precision, cast or quantisation step "
+                     "runs (the condition over it): which values are converted"))
+    name = line.target
+    if name and set(_words_of(name)) & _KERNEL_CHOICE and _assigned_anew(
+            name, line, _SWITCH_VALUE):
+        hits.append((PRECISION, NUMERICS, f"switches which kernel computes ({name}): another "
+                     "kernel rounds and accumulates differently"))
+    if kind.launcher and name and _assigned_anew(name, line, _LITERAL):
+        hits.append((SERVING, PRODUCTION, f"changes a default the server or launcher starts "
+                     f"with ({name})"))
+    return hits
+
+
+def _compiler_hits(line: _Line, precision: bool) -> list[_Hit]:
+    """In a build recipe or code that runs a compiler: a new compiler flag (other than a
+    fast-math one, which is numerics) or GPU architecture; in a build recipe, a precision
+    named (which kernels are built, not how they round)."""
+    if _untouched(line.raw, line) or _untouched_raw(line.raw, line):
+        return []
+    flags = [m.group() for m in _FLAG_STRING.finditer(line.raw)
+             if not _untouched_raw(m.group(), line)]
+    hits: list[_Hit] = []
+    if any(not _FAST_MATH_FLAG.search(flag) for flag in flags):
+        hits.append((DEPLOY, PRODUCTION, "changes a compiler flag the build passes: the binary "
+                     "production runs"))
+    if _ARCH.search(line.raw):
+        hits.append((DEPLOY, PRODUCTION, "changes the GPU architectures code is compiled for: "
+                     "the binary production runs"))
+    if precision:
+        hits.append((DEPLOY, PRODUCTION, "names a precision in a build recipe: which kernels "
+                     "are built into the binary production runs"))
+    return hits
+
+
+def _reads_environment(line: _Line) -> list[_Hit]:
+    """A changed line that reads an environment variable (a new read, or its default or test
+    changed) and that no other rule explains, in code that runs kernels or serves: a switch
+    production sets when it deploys."""
+    if not _ENV_READ.search(line.code) or _untouched_raw(line.raw, line):
+        return []
+    return [(SERVING, PRODUCTION, "reads an environment variable: a switch production sets "
+             "when it deploys")]
+
+
+def _untouched_reads(line: _Line, elsewhere: str) -> bool:
+    """Whether a build recipe's line changed only where it is laid out or where it reads an
+    environment variable the other side of the file read too (``elsewhere``: a read moved
+    from a function to the module)."""
+    if _untouched(line.code, line):
+        return True
+    reads = [_call_text(line.raw, m.start()) for m in _ENV_READ.finditer(line.raw)]
+    if not reads or any(_squash(read) not in elsewhere for read in reads):
+        return False
+    rest = line.raw
+    for read in reads:
+        rest = rest.replace(read, "")
+    return not _BUILD_LINE.search(rest)
+
+
+def _file_sides(change: FileChange, lexer: Callable[[Sequence[str]], list[Lexed]],
+                ) -> dict[str, str]:
+    """Each side's changed lines of the whole file, comments blanked, without layout."""
+    out: dict[str, list[str]] = {ADDED: [], REMOVED: []}
+    for hunk in change.hunks:
+        for line, lexed in zip(hunk.lines, lexer([line.text for line in hunk.lines]),
+                               strict=True):
+            if line.kind != CONTEXT:
+                out[line.kind].append(_squash(lexed.raw))
+    return {kind: "\n".join(texts) for kind, texts in out.items()}
+
+
+def _new_call(pattern: re.Pattern[str], line: _Line) -> bool:
+    """Whether a call ``pattern`` matches, with its arguments, is missing on the other side:
+    std::mt19937(0) -> std::mt19937(j) is a new call, a call moved as it was is not."""
+    return any(not _untouched_raw(_call_text(line.raw, m.start()), line)
+               for m in pattern.finditer(line.code))
+
+
+def _call_text(text: str, start: int) -> str:
+    """The call starting at ``start`` up to its closing bracket (the rest of the line if it
+    does not close there)."""
+    opened = re.search(r"[({\[]", text[start:])
+    if opened is None:
+        return text[start:]
+    depth, i = 0, start + opened.start()
+    while i < len(text):
+        depth += {"(": 1, "{": 1, "[": 1, ")": -1, "}": -1, "]": -1}.get(text[i], 0)
+        i += 1
+        if depth == 0:
+            break
+    return text[start:i]
+
+
+def _untouched_raw(text: str, line: _Line) -> bool:
+    """``_untouched`` on the lines with their strings (a string's contents are the change)."""
+    return " ".join(text.split()) in line.raw_other or _squash(text) in line.raw_other
+
+
+def _assigned_anew(name: str, line: _Line, values: re.Pattern[str]) -> bool:
+    """Whether the other side assigns ``name`` too, with other ``values`` (literals)."""
+    there = re.search(rf"(?m)^.*\b{re.escape(name)}\b\s*(?::[^=\n]*)?=(?!=)(.*)$",
+                      line.raw_other)
+    here = line.raw[line.raw.find(name) + len(name):]
+    return there is not None and values.findall(there.group(1)) != values.findall(here) and (
+        bool(values.search(here)))
+
+
+def _words_of(name: str) -> list[str]:
+    return [word.lower() for word in _WORDS.findall(name)]
+
+
+def _guards_precision(lines: Sequence[_Line], i: int, python: bool) -> bool:
+    """Whether line ``i`` changes a condition (its logic or values, not its names: ``or`` ->
+    ``and``) whose text or body (the next lines of its side) converts a precision, casts or
+    quantises. The line is the ``if`` or one its brackets run over."""
+    line = lines[i]
+    if _untouched(line.code, line) or not _logic_differs(line):
+        return False
+    side = [k for k, other in enumerate(lines) if other.kind in (CONTEXT, line.kind)]
+    at = side.index(i)
+    header = next((k for k in reversed(side[max(0, at - 4):at + 1])
+                   if _CONDITION.match(lines[k].code)), None)
+    if header is None or (header != i and sum(
+            lines[k].code.count("(") - lines[k].code.count(")")
+            for k in side[side.index(header):at]) <= 0):
+        return False  # not in the condition's brackets: another statement
+    block = [lines[k].code for k in side[side.index(header):at + 5] if lines[k].code.strip()]
+    signatures = _PYTHON_SET if python else _NATIVE_SET
+    return any(signature.rule == PRECISION and not signature.weak
+               for text in block for signature, *_ in signatures.matches(text))
+
+
+def _logic_differs(line: _Line) -> bool:
+    """Whether the line's logic or literals differ from its counterpart's (``or`` -> ``and``,
+    ``<`` -> ``<=``, ``False`` -> ``True``, a number); True when it has no counterpart."""
+    other = line.twin if line.twin is not None else line.kin
+    if other is None:
+        return True
+    return (_LOGIC_TOKEN.findall(other) != _LOGIC_TOKEN.findall(line.code)
+            or _NUMBER.findall(other) != _NUMBER.findall(line.code))
+
+
+def _assigned(code: str) -> str | None:
+    match = _TARGET.match(code)
     return (match.group(1) or match.group(2)) if match else None
 
 
 def _target_words(line: _Line) -> frozenset[str]:
     """The words of the name a changed line assigns or #defines, when its value changed (a
     new assignment with a number, or the other side assigns the name another value)."""
-    name = _target(line)
+    name = line.target
     if name is None or _untouched(line.code, line):
         return frozenset()
     if line.kin is not None and not _numbers_differ(line):
@@ -410,18 +879,46 @@ def _lanes_and_writers(lines: Sequence[_Line]) -> Iterator[tuple[int, str]]:
             yield i, "changes the offsets a warp shuffle loops over: which lanes meet"
 
 
-def _is_build_recipe(change: FileChange) -> bool:
-    return change.path.rsplit("/", 1)[-1] == "setup.py" or any(
-        _BUILD_FILE.search(line.text) for hunk in change.hunks for line in hunk.lines)
+def _is_build_recipe(change: FileChange, text: str) -> bool:
+    """A project's root setup.py, or a file that calls setuptools or torch's extension
+    builders (serve/setup.py, which sets a process up, is not one)."""
+    return change.path == "setup.py" or bool(_BUILD_FILE.search(text))
 
 
-def _test_hits(line: _Line) -> list[_Hit]:
+def _holds_device_code(change: FileChange, language: str | None, text: str) -> bool:
+    """CUDA or HIP source, a shader, a file whose diff (``text``) shows device code, or
+    Python written in a kernel language (Triton, CuTe, TileLang)."""
+    if language in (files.PYTHON, files.CYTHON):
+        return bool(_KERNEL_DSL.search(text))
+    return language == files.SHADER or change.path.endswith(_DEVICE_SUFFIXES) or bool(
+        _DEVICE_MARK.search(text))
+
+
+def _diff_text(change: FileChange) -> str:
+    """Every line of the file's diff and the hunk headers' functions, as one text: one search
+    over it costs less than one per line."""
+    return "\n".join([line.text for hunk in change.hunks for line in hunk.lines] + [
+        hunk.section for hunk in change.hunks])
+
+
+def _test_hits(line: _Line, added: str = "") -> list[_Hit]:
     """A test changes what passes: a tolerance loosened or a seed changed lets a numerics
-    change through; a new test or a tighter tolerance does not."""
+    change through; a new test or a tighter tolerance does not. A tolerance is known by a name
+    with a word tol, atol, rtol or eps (``abs_tol``, ``fwd_atol``) or by its place: a fraction
+    in a row of bare numbers (a parametrised test's table, whose columns have no names)."""
     hits: list[_Hit] = []
-    if line.twin is not None and _TOLERANCE.search(line.code) and _loosened(line):
+    named = bool(_TOLERANCE.search(line.code) or _TOLERANCE_WORD.search(line.code))
+    row = bool(_NUMBER_ROW.match(line.code))
+    if line.twin is not None and (named or row) and _loosened(line, fractions=not named):
         hits.append((PRECISION, NUMERICS, "loosens a tolerance in a test: what used to fail "
                      "now passes"))
+    elif _rewrites_tolerance(line):
+        hits.append((PRECISION, NUMERICS, "rewrites a tolerance in a test (another name or "
+                     "formula): what passes may change, a reviewer compares"))
+    elif _relaxes_comparison(line, added):
+        hits.append((PRECISION, NUMERICS, "relaxes a comparison in a test (an exact check made "
+                     "approximate, or given a tolerance it did not have): what used to fail now "
+                     "passes"))
     if (_SEED.search(line.code) and _numbers_differ(line)) or _new(_SEED_CALL, line):
         hits.append((PRECISION, NUMERICS, "changes the seed a test compares results under"))
     return hits
@@ -434,13 +931,40 @@ def _config_hits(line: _Line) -> list[_Hit]:
             (SERVING, PRODUCTION, "changes the dtype or precision a deployment runs with")]
 
 
-def _loosened(line: _Line) -> bool:
+def _loosened(line: _Line, *, fractions: bool = False) -> bool:
     """Whether the added side of the line allows more than the removed side: a larger number
-    in the same place (the removed line of a loosening is flagged with it)."""
+    in the same place (the removed line of a loosening is flagged with it). ``fractions``:
+    only a number below 1 that grows (a tolerance in a row of bare numbers, among sizes)."""
     here = [_value(m) for m in _NUMBER.findall(line.code)]
-    there = [_value(m) for m in _NUMBER.findall(line.twin or "")]
+    there = [_value(m) for m in _NUMBER.findall(line.twin or line.kin or "")]
     new, old = (here, there) if line.kind == ADDED else (there, here)
-    return any(a > b for a, b in zip(new, old, strict=False))
+    return any(a > b and (not fractions or 0 < b < 1) for a, b in zip(new, old, strict=False))
+
+
+def _relaxes_comparison(line: _Line, added: str) -> bool:
+    """A comparison that gains tolerance arguments (``assert_close(a, b)`` -> ``assert_close(
+    a, b, atol=atol)``), or an exact comparison (``torch.equal``) removed where the file's
+    change (``added``: its added lines) compares with a tolerance."""
+    if line.kind == ADDED:
+        return bool(_COMPARISON.search(line.code) and _TOLERANCE_ARGUMENT.search(line.code)
+                    and _COMPARISON.search(line.other)
+                    and not _TOLERANCE_ARGUMENT.search(line.other))
+    return bool(_EXACT.search(line.code) and not _untouched(line.code, line) and (
+        _COMPARISON.search(added) or _TOLERANCE_ARGUMENT.search(added)))
+
+
+def _rewrites_tolerance(line: _Line) -> bool:
+    """A tolerance assigned anew where the other side assigned one under another name or
+    formula (``abs_tol = 1e-4`` -> ``fwd_atol = 2 * err``): not a tightening with the same
+    form, which ``_loosened`` judges."""
+    name = line.target
+    if name is None or not set(_words_of(name)) & _TOLERANCE_WORDS or _untouched(line.code,
+                                                                                  line):
+        return False
+    if line.twin is not None or line.kin is not None:
+        return _loosened(line)
+    return any(set(_words_of(other)) & _TOLERANCE_WORDS
+               for other in _ASSIGNED_NAME.findall(line.other))
 
 
 def _value(text: str) -> float:
@@ -452,25 +976,22 @@ def _value(text: str) -> float:
 
 
 def _changes_a_value(line: _Line) -> bool:
-    """Whether a changed code line changes a number, a dtype or a call's arguments: a line
-    whose change lies only in strings (log text), comments or names (a rename) does not, nor
-    a line moved within the hunk."""
+    """Whether a changed code line changes a number, a boolean, its logic (``and`` -> ``or``,
+    ``<`` -> ``<=``), a dtype or a call's arguments: a line whose change lies only in strings
+    (log text), comments or names (a rename) does not, nor a line moved within the hunk."""
     code = line.code
     if not code.strip() or _LOG_OR_RAISE.match(code) or _DEF.match(code):
         return False
     if _untouched(code, line):
         return False
     if line.kin is not None:
-        return _numbers_differ(line)
+        return _numbers_differ(line) or _logic_differs(line)
     return bool(_VALUE.search(code)) or any(
         f"{m.group(1)}(" in line.other for m in _CALL.finditer(code))  # other arguments
 
 
-def _holds_risky_code(change: FileChange) -> bool:
-    if _RISKY_PATH.search(change.path):
-        return True
-    return any(_RISKY_CODE.search(line.text) for hunk in change.hunks for line in hunk.lines
-               ) or any(_RISKY_CODE.search(hunk.section) for hunk in change.hunks)
+def _holds_risky_code(change: FileChange, text: str) -> bool:
+    return bool(_RISKY_PATH.search(change.path) or _RISKY_CODE.search(text))
 
 
 def _distinct(hits: list[_Hit]) -> list[_Hit]:
@@ -482,3 +1003,28 @@ def _finding(change: FileChange, line: DiffLine, rule: str, category: str,
              reason: str) -> Finding:
     return Finding(category, rule, reason, change.path, line.number, line.text[:MAX_TEXT],
                    line.kind, "")
+
+
+# A line that defines one new name: an enumerator (``kReady = 4,``), a constant, a #define.
+_DEFINES = re.compile(r"^\s*(?:#\s*define\s+|(?:(?:static|constexpr|const|inline|auto|int|"
+                      r"unsigned|[A-Za-z_][\w:<>]*_t)\s+)*)([A-Za-z_]\w*)\s*(?:=\s*[^=,;]+)?[,;]?\s*$")
+
+
+def judged_where_used(findings: list[Finding]) -> list[Finding]:
+    """The diff's findings without the fail-closed ones that only define a new name which a
+    flagged line of another file uses (a barrier's new id in an enum, the barrier in the
+    kernel): the name's value is reviewed where it is used."""
+    unsure = [f for f in findings if f.rule == UNSURE and f.side == ADDED]
+    if not unsure:
+        return findings
+    used: dict[str, set[str]] = {}
+    for f in findings:
+        if f.rule != UNSURE and f.line is not None:
+            for name in _NAME.findall(f.text):
+                used.setdefault(name, set()).add(f.path)
+    dropped = set()
+    for f in unsure:
+        match = _DEFINES.match(f.text)
+        if match and used.get(match.group(1), set()) - {f.path}:
+            dropped.add(id(f))
+    return [f for f in findings if id(f) not in dropped]

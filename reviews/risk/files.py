@@ -2,10 +2,12 @@
 a test, documentation or a serving configuration. Pure: paths in, names out.
 
 Contract: ``language(path, first_line)`` returns one of the ``LANGUAGES`` or ``None`` when
-the classifier has no analyser for the file (an unknown language: the file is unclassified).
-``deployment_kind(path)`` names the deployment artefact a path is (a Dockerfile, a CI workflow,
-Kubernetes manifests, ...) or returns None. Matching is on repo-relative POSIX paths; folder
-names compare case-insensitively, because ``Deploy/`` deploys as much as ``deploy/``.
+the classifier has no analyser for the file (an unknown language: the file is unclassified;
+``FOREIGN``: code whose C-style comments alone are read). ``deployment_kind(path)`` names the
+deployment artefact a path is (a Dockerfile of any name, a CI workflow, Kubernetes manifests,
+...) or returns None; ``is_launcher(path)`` says whether a path starts or serves the
+service. Matching is on repo-relative POSIX paths; folder names compare case-insensitively,
+because ``Deploy/`` deploys as much as ``deploy/``.
 """
 
 from __future__ import annotations
@@ -31,9 +33,13 @@ BUILD = "build"  # CMake, Make, Bazel, Meson
 DOCS = "docs"
 META = "meta"  # .gitignore and friends: what git and editors do with files
 DEPENDENCIES = "dependencies"  # pinned requirements and lock files
+# Code in a language with C-style comments that no analyser reads (Rust, Go, Java, JS, Zig,
+# protobuf, ...): its comments are known, its code is not (see analysers).
+FOREIGN = "foreign"
 
 LANGUAGES = (PYTHON, CYTHON, NATIVE, SHADER, SHELL, CONFIG_TOML, CONFIG_YAML, CONFIG_JSON,
-             CONFIG_INI, CONFIG_ENV, DOCKERFILE, HCL, SYSTEMD, BUILD, DOCS, META, DEPENDENCIES)
+             CONFIG_INI, CONFIG_ENV, DOCKERFILE, HCL, SYSTEMD, BUILD, DOCS, META, DEPENDENCIES,
+             FOREIGN)
 CONFIG_LANGUAGES = (CONFIG_TOML, CONFIG_YAML, CONFIG_JSON, CONFIG_INI, CONFIG_ENV)
 
 _BY_SUFFIX = {
@@ -56,6 +62,10 @@ _BY_SUFFIX = {
     ".md": DOCS, ".markdown": DOCS, ".rst": DOCS, ".txt": DOCS, ".adoc": DOCS,
     ".asciidoc": DOCS, ".org": DOCS, ".tex": DOCS, ".ipynb": DOCS, ".svg": DOCS,
     ".lock": DEPENDENCIES,
+    ".rs": FOREIGN, ".go": FOREIGN, ".java": FOREIGN, ".kt": FOREIGN, ".kts": FOREIGN,
+    ".scala": FOREIGN, ".swift": FOREIGN, ".zig": FOREIGN, ".js": FOREIGN, ".jsx": FOREIGN,
+    ".mjs": FOREIGN, ".cjs": FOREIGN, ".ts": FOREIGN, ".tsx": FOREIGN, ".dart": FOREIGN,
+    ".cs": FOREIGN, ".proto": FOREIGN, ".mojo": FOREIGN,
 }
 _BY_NAME = {
     "dockerfile": DOCKERFILE, "containerfile": DOCKERFILE, "cmakelists.txt": BUILD,
@@ -134,6 +144,7 @@ _SERVING_WORDS = re.compile(r"(?i)(?:^|[^a-z])(?:serv(?:e|er|ers|ing)|deploy\w*|
 _LAUNCH_SCRIPT = re.compile(r"(?i)(?:^|[^a-z])(?:serve|server|serving|launch\w*|start\w*|"
                             r"entrypoint|deploy\w*|run_server|startup|docker-entrypoint)"
                             r"(?:[^a-z]|$)")
+_LAUNCHER_DIR = re.compile(r"(?i)launch\w*|entrypoints?")
 
 
 @lru_cache(maxsize=4096)
@@ -148,8 +159,10 @@ def language(path: str, first_line: str = "") -> str | None:
         return DEPENDENCIES
     if name.startswith(".env") or name.endswith(".env"):
         return CONFIG_ENV
-    if name.startswith(("dockerfile", "containerfile")) or name.endswith(".dockerfile"):
+    if _is_dockerfile_name(name):
         return DOCKERFILE
+    if name.startswith(("makefile", "gnumakefile")):
+        return BUILD  # Makefile-flashinfer, Makefile.rocm: a make recipe of another name
     suffix = pure.suffix.lower()
     if suffix in _BY_SUFFIX:
         return _BY_SUFFIX[suffix]
@@ -165,6 +178,11 @@ def language(path: str, first_line: str = "") -> str | None:
         if interpreter in ("sh", "bash", "zsh", "ksh", "dash"):
             return SHELL
     return None
+
+
+def _is_dockerfile_name(name: str) -> bool:
+    """Dockerfile, Dockerfile_amd, Dockerfile-rocm, Containerfile.cpu, cuda.dockerfile."""
+    return name.startswith(("dockerfile", "containerfile")) or name.endswith(".dockerfile")
 
 
 def describe_unknown(path: str) -> str:
@@ -204,6 +222,8 @@ def deployment_kind(path: str) -> str | None:
     for kind, regex in _DEPLOYMENT_RE:
         if regex.fullmatch(lowered) or regex.fullmatch(path):
             return kind
+    if _is_dockerfile_name(PurePosixPath(path).name.lower()):
+        return _DEPLOYMENT[1][0]  # an image built from Dockerfile_intel is as deployed
     return None
 
 
@@ -231,6 +251,15 @@ def is_docs(path: str) -> bool:
 def is_serving_path(path: str) -> bool:
     """Whether the path says the file configures serving (config/serving.toml, prod.env)."""
     return bool(_SERVING_WORDS.search(path))
+
+
+@lru_cache(maxsize=4096)
+def is_launcher(path: str) -> bool:
+    """Whether the path says the file starts or serves the service: a launcher's folder
+    (launcher/src/main.rs) or a name like server.cpp, serve.py, entrypoint.sh."""
+    pure = PurePosixPath(path)
+    return is_launch_script(path) or any(
+        _LAUNCHER_DIR.fullmatch(part) for part in pure.parts[:-1])
 
 
 @lru_cache(maxsize=4096)

@@ -178,9 +178,12 @@ def looks_like_prose(code: str) -> bool:
 
 def lex_python(lines: Sequence[str]) -> list[Lexed]:
     """Python (and Cython) lines. A fragment whose first triple quote closes a docstring the
-    hunk started in is lexed as starting inside that string; prose lines are not code."""
+    hunk started in is lexed as starting inside that string; prose lines are not code, nor
+    the examples a docstring shows (a Markdown fence's lines, doctest prompts)."""
     first = _python(lines, None)
     prose = [line.has_code and looks_like_prose(line.code) for line in first]
+    for i in _docstring_examples(first, prose):
+        prose[i] = True
     opener = _first_triple_quote(lines) if any(prose) else None
     if opener is not None:
         second = _python(lines, opener)
@@ -192,6 +195,28 @@ def lex_python(lines: Sequence[str]) -> list[Lexed]:
             blank = " " * len(first[i].code)
             first[i] = Lexed(blank, blank, (), first[i].depth, first[i].starts_in_string)
     return first
+
+
+# A line Python code never starts with: a Markdown code fence, a doctest prompt.
+_FENCE = re.compile(r"^\s*```")
+_DOCTEST = re.compile(r"^\s*(?:>>>|\.\.\.)(?: |$)(?!\s*$)|^\s*>>>\s*$")
+
+
+def _docstring_examples(lexed: Sequence[Lexed], prose: Sequence[bool]) -> list[int]:
+    """The lines of a hunk side that are examples inside a docstring: doctest lines, and the
+    lines between two Markdown fences (one fence alone opens an example if prose comes before
+    it in the hunk, else it closes one the hunk started in)."""
+    if not any("```" in line.code or ">>>" in line.code or "..." in line.code
+               for line in lexed):
+        return []
+    out = [i for i, line in enumerate(lexed) if _DOCTEST.match(line.code)]
+    fences = [i for i, line in enumerate(lexed) if _FENCE.match(line.code)]
+    if len(fences) % 2:
+        first = fences[0]
+        fences = ([first, len(lexed)] if any(prose[:first]) else [-1, first]) + fences[1:]
+    for start, end in zip(fences[::2], fences[1::2], strict=True):
+        out += range(max(start, 0), min(end + 1, len(lexed)))
+    return out
 
 
 def _first_triple_quote(lines: Sequence[str]) -> str | None:

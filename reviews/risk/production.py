@@ -15,11 +15,13 @@ from reviews.risk import files
 from reviews.risk.code import RAW
 from reviews.risk.config import key_paths, normal_key
 from reviews.risk.diff import ADDED, REMOVED, FileChange
+from reviews.risk.environment import docker_normal, runtime_changes
 from reviews.risk.lexers import Lexed, lex_hash, lex_json
-from reviews.risk.lines import Ordered, changed_lines, finding, overlaps
+from reviews.risk.lines import Changed, Ordered, changed_lines, finding, overlaps
 from reviews.risk.signatures import (
     DEPLOY,
     ENTRYPOINT,
+    GPU_ARCH,
     LAUNCH,
     NUMERIC_KEY,
     PRECISION,
@@ -27,10 +29,12 @@ from reviews.risk.signatures import (
     SERVING_ENV,
     SERVING_KEY,
     STRONG_FLAG,
+    THREADS,
     Signature,
 )
 
 _STRONG_FLAG = re.compile(STRONG_FLAG)
+_GPU_ARCH = re.compile(GPU_ARCH)
 _ENTRYPOINT = re.compile(ENTRYPOINT)
 _SERVING_ENV = re.compile(SERVING_ENV)
 _INSTALL = re.compile(r"\b(?:pip3?|uv\s+pip|conda|mamba|apt-get|apt|yum|dnf|brew)\s+install\b")
@@ -40,18 +44,52 @@ _ANY_FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*|(?<![\w-])[A-Za-z_]\w*=")
 def deployment(change: FileChange, kind: str) -> list[Ordered]:
     """Every changed line of a deployment file that is not a comment or blank: ``kind``
     names the artefact (a Dockerfile, a CI workflow, ...). Fast-math flags and precision
-    switches there are numerics as well."""
+    switches there are numerics as well, variables of collectives and threading runtimes
+    concurrency. A Dockerfile line only spelled anew (``ENV K V`` -> ``ENV K=V``) sets what it
+    set: no change."""
     out: list[Ordered] = []
+    dockerfile = files.language(change.path) == files.DOCKERFILE
+    sides = _other_sides(change)
     for item in changed_lines(change, lex_hash, None, None):
-        if not item.lexed.raw.strip():
+        raw = item.lexed.raw
+        if not raw.strip():
+            continue
+        other = sides[item.order[0]][REMOVED if item.line.kind == ADDED else ADDED]
+        if dockerfile and raw.strip() not in other and _respelled(raw, other):
             continue
         reason = f"changes {kind}"
         out.append((item.order, finding(change, item, Signature(DEPLOY, "", reason), "")))
-        for signature, start, end, text in RAW.matches(item.lexed.raw):
+        out += _runtime_environment(change, item, other)
+        for signature, start, end, text in RAW.matches(raw):
             if overlaps(item.change.spans, start, end):
                 out.append((item.order, finding(change, item, signature, text)))
                 break
     return out
+
+
+def _other_sides(change: FileChange) -> list[dict[str, str]]:
+    """For each hunk, each side's changed lines joined, comments blanked (what the other side
+    of a line is: a variable commented out is not set)."""
+    return [{kind: "\n".join(lexed.raw for lexed in lex_hash(
+        [line.text for line in hunk.lines if line.kind == kind]))
+             for kind in (ADDED, REMOVED)} for hunk in change.hunks]
+
+
+def _respelled(raw: str, other: str) -> bool:
+    normal = docker_normal(raw)
+    return any(docker_normal(line) == normal for line in other.splitlines())
+
+
+def _runtime_environment(change: FileChange, item: Changed, other: str) -> list[Ordered]:
+    """Concurrency for a changed line that sets (or drops) a variable of a collective or a
+    threading runtime, or preloads another threading runtime (see ``environment``)."""
+    names = runtime_changes(item.lexed.raw, other)
+    if not names:
+        return []
+    signature = Signature(THREADS, "", f"sets or drops {', '.join(names)}: a variable of a "
+                                       "collective or threading runtime, how ranks and threads "
+                                       "wait and meet")
+    return [(item.order, finding(change, item, signature, ""))]
 
 
 def shell(change: FileChange) -> list[Ordered]:
@@ -65,10 +103,13 @@ def shell(change: FileChange) -> list[Ordered]:
             found = _entrypoint(line.text)
             if found:
                 entrypoints.setdefault(h, found)
+    sides = _other_sides(change)
     for item in changed_lines(change, lex_hash, None, None):
         raw = item.lexed.raw
         if not raw.strip():
             continue
+        out += _runtime_environment(
+            change, item, sides[item.order[0]][REMOVED if item.line.kind == ADDED else ADDED])
         reason = _launch_reason(raw, launch_script, entrypoints.get(item.order[0]))
         if reason:
             signature = Signature(LAUNCH, "", reason)
@@ -101,6 +142,9 @@ def _launch_reason(raw: str, launch_script: bool, entrypoint: str | None) -> str
     env = _SERVING_ENV.search(raw)
     if env:
         return f"changes a serving environment variable ({env.group().rstrip('= ')})"
+    arch = _GPU_ARCH.search(raw)
+    if arch:
+        return f"changes the GPU architectures a build compiles for ({arch.group()})"
     if entrypoint and _ANY_FLAG.search(raw):
         return f"changes a flag of the {entrypoint} launch command"
     if launch_script:

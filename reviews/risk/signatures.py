@@ -628,6 +628,13 @@ C_CONCURRENCY: tuple[Signature, ...] = (
 
 # --- Production ------------------------------------------------------------------------------
 
+# GPU architectures a binary is compiled for: an arch list or variable (not a namespace such as
+# cutlass::arch, nor the __CUDA_ARCH__ a kernel branches on), sm_90a, compute_80, gfx942, a
+# quoted "100a".
+GPU_ARCH = (r"(?<![.:>])\b\w*(?<![A-Za-z])[Aa]rch(?:s|_list|itectures?)?\b(?!\s*(?:::|\.))|"
+            r"\b(?:sm|compute)_\d{2,3}[af]?\b|\bgfx\d{3,4}\w*|\bgencode\b|"
+            r"""(?<=["'])\d{2,3}[af](?=["'])|\b[A-Z_]*ARCH(?:S|_LIST)\b""")
+
 STRONG_FLAG = (
     r"--?(?:(?:tensor|pipeline|data|expert|context|sequence)[-_]parallel(?:[-_]size)?"
     r"|enable[-_]expert[-_]parallel|(?:tp|pp|dp|ep|cp)(?:[-_]size)?|max[-_]num[-_](?:batched"
