@@ -16,6 +16,10 @@ set) the bench says "no validation diffs" and prints no validation figures. Per 
   that are labelled <class>;
 - risk_harmless_flagged / risk_validation_harmless_flagged_rate: harmless diffs (no label)
   that got any finding (a count for training, a share for validation);
+- risk_risky_unflagged_rate / risk_validation_risky_unflagged_rate: the share of the diffs
+  with a label that got no finding at all, not even unclassified: the risk check would pass
+  them without a reviewer (not a target of its own: recall covers it; shown because it is
+  the failure that matters most);
 - risk_classify_10k_lines_s: seconds (CPU, best of 5) to classify a 10,000-line diff made of
   the corpus's risky diffs over and over (every line a change, many findings: a worst case).
 
@@ -74,10 +78,12 @@ def corpus(folder: Path = CORPUS) -> list[Entry]:
 
 def score(entries: list[Entry], prefix: str, recall_target: float,
           verbose: bool) -> tuple[list[str], int, int]:
-    """Prints recall and precision per class of one set; returns the names of the figures
-    that miss their target, and (harmless diffs flagged, harmless diffs)."""
+    """Prints recall and precision per class of one set, and the share of its risky diffs
+    that got no finding at all (the risk check would let those pass without a reviewer);
+    returns the names of the figures that miss their target, and (harmless diffs flagged,
+    harmless diffs)."""
     counts = {name: {"tp": 0, "fp": 0, "fn": 0} for name in CLASSES}
-    flagged = harmless = 0
+    flagged = harmless = unflagged = 0
     for name, labels, diff in entries:
         got = set(risk_classes(classify(diff)))
         for cls in CLASSES:
@@ -89,6 +95,7 @@ def score(entries: list[Entry], prefix: str, recall_target: float,
                 counts[cls]["fn"] += 1
         harmless += not labels
         flagged += bool(not labels and got)
+        unflagged += bool(labels and not got)
         if verbose and got != labels:
             print(f"# {prefix}{name}: labelled {sorted(labels)}, got {sorted(got)}",
                   file=sys.stderr)
@@ -103,6 +110,8 @@ def score(entries: list[Entry], prefix: str, recall_target: float,
             missed.append(f"risk_{prefix}recall_{cls}")
         if precision < 0.9:
             missed.append(f"risk_{prefix}precision_{cls}")
+    risky = len(entries) - harmless
+    figure(f"risk_{prefix}risky_unflagged_rate", unflagged / risky if risky else 0.0, "ratio")
     return missed, flagged, harmless
 
 
