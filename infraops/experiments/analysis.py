@@ -17,7 +17,6 @@ from __future__ import annotations
 import difflib
 import math
 import os
-import re
 import shutil
 import tempfile
 from collections import defaultdict
@@ -33,7 +32,7 @@ from infraops.experiments.behaviour import Runs, behaviour_findings
 from infraops.experiments.blobstore import blob_store
 from infraops.feedback import correctness, stats
 from infraops.feedback import findings as feedback
-from infraops.feedback.correctness import CaseComparison
+from infraops.feedback.correctness import CaseComparison, natural_key
 from infraops.feedback.criteria import (
     CRITERION_KEYS,
     IntervalVerdict,
@@ -132,7 +131,7 @@ def experiment_feedback(experiment: Experiment, manifest: Manifest,
         findings += _criteria(experiment, samples)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    built = feedback.build(feedback.uncredited(findings),
+    built = feedback.build(feedback.uncredited(feedback.by_root_cause(findings)),
                            execution=_execution_status(experiment, executions),
                            next_probes=_next_probes(experiment, manifest, executions))
     result = built.as_dict()
@@ -428,7 +427,7 @@ def _distributions(samples: dict[SampleKey, list[float]],
     """Per compared key, both sides' per-execution values and their unit (for the A/B
     chart); cases in numeric order (len-64 before len-256)."""
     keys = sorted({key[:4] for key in samples},
-                  key=lambda key: tuple(_natural(part) for part in key))[:limit]
+                  key=lambda key: tuple(natural_key(part) for part in key))[:limit]
     units = units or {}
     return [{"label": " ".join(filter(None, (probe, f"[{variant}]" if variant else "", metric,
                                               case))),
@@ -736,11 +735,6 @@ def _json_numbers(value: object) -> Iterator[float]:
             stack.extend(reversed(list(item.values())))
 
 
-def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
-    return tuple((0, int(part)) if part.isdigit() else (1, part)
-                 for part in re.split(r"(\d+)", name) if part)
-
-
 def _constant(values: np.ndarray[Any, Any]) -> bool:
     return bool(np.all(values == values[0]))
 
@@ -774,7 +768,7 @@ def _seed_findings(context: _Context, probe: Probe, pair: _Pair,
     moved = {c.case: not c.ok for c in ref_moved if c.status in ("match", "mismatch")}
     fixed = {c.case: c.ok for c in cand_moved if c.status in ("match", "mismatch")}
     found = []
-    for case in sorted(set(first) & set(second), key=_natural):
+    for case in sorted(set(first) & set(second), key=natural_key):
         if case in excused:
             continue
         a, b = first[case], second[case]
