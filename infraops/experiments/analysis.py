@@ -125,6 +125,7 @@ def experiment_feedback(experiment: Experiment, manifest: Manifest,
                  for r in rows if r.probe in declared}
         units |= {(r.probe, r.variant, r.metric, r.case): r.unit for r in rows if r.unit}
         context.extras["distributions"] = _distributions(samples, units)
+        context.extras["series"] += _error_curves(probes, rows, context.sizes)
         for probe in probes:
             findings += _correctness(context, probe)
             findings += behaviour_findings(probe, context.runs, context.extras)
@@ -435,6 +436,29 @@ def _distributions(samples: dict[SampleKey, list[float]],
              "baseline": samples.get((probe, variant, metric, case, "baseline"), []),
              "candidate": samples.get((probe, variant, metric, case, "candidate"), [])}
             for probe, variant, metric, case in keys]
+
+
+def _error_curves(probes: Sequence[Probe], rows: Sequence[SampleRow],
+                  sizes: dict[int, dict[str, float]]) -> list[dict[str, Any]]:
+    """The error-versus-size curve of a probe that writes its errors as metrics rather than
+    outputs to compare (the numerics goals' probes, which the tuner's experiments run): per
+    probe, variant, metric of kind error and side, the median error of each case that has a
+    size (its `size` label) against that size; a curve needs two sizes. Drawn beside the
+    output comparisons' curves (feedback["series"])."""
+    declared = {p.name: p for p in probes}
+    found: dict[tuple[str, str, str, str], dict[float, list[float]]] = defaultdict(
+        lambda: defaultdict(list))
+    for row in rows:
+        probe = declared.get(row.probe)
+        size = sizes.get(row.execution, {}).get(row.case) if row.case else None
+        if probe is not None and size is not None and probe.metric(row.metric).kind == "error":
+            found[(row.probe, row.variant, row.metric, row.side)][size].append(row.value)
+    return [{"probe": probe, "metric": metric, "side": side,
+             "label": " ".join(filter(None, (probe, f"[{variant}]" if variant else "", side))),
+             "points": [[size, float(np.median(values))]
+                        for size, values in sorted(by_size.items())]}
+            for (probe, variant, metric, side), by_size in sorted(found.items())
+            if len(by_size) >= 2]
 
 
 # --- correctness and integrity ---------------------------------------------------------------

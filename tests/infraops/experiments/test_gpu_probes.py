@@ -23,6 +23,7 @@ from django.conf import settings
 from infraops.experiments import accelerators, sandbox
 from infraops.experiments import services as experiments
 from infraops.experiments.services import experiment_execute, experiment_request
+from infraops.feedback.charts import feedback_charts
 from infraops.models import Experiment, Target
 from infraops.services.targets import target_register
 from reviews.gate import ChangeFacts, Check, ProbeFact, merge_gate
@@ -184,6 +185,17 @@ def test_the_h200_precision_fix_is_a_fix_and_no_gain_of_speed(
     assert not any(r.speed for r in evidence.performance if "error" in r.metric)
     confirmed = end_to_end(experiment, ProbeFact("gpu-cp-error", "performance", 6))
     assert "rel_error" not in confirmed.detail, confirmed
+    # The error against the merge's length, each side a curve (a probe that writes its
+    # errors as metrics, as the tuner's numerics experiments run it): the fix lies four
+    # orders of magnitude under the TF32 one at every length.
+    curves = {s["label"]: dict(map(tuple, s["points"])) for s in experiment.feedback["series"]
+              if s["metric"] == "rel_error"}
+    assert set(curves) == {"gpu-cp-error baseline", "gpu-cp-error candidate"}, curves
+    tf32, ieee = curves["gpu-cp-error baseline"], curves["gpu-cp-error candidate"]
+    assert list(tf32) == list(ieee) == [64, 256, 1024, 4096]
+    assert all(ieee[size] < 1e-4 * tf32[size] for size in tf32), (tf32, ieee)
+    assert [c["id"] for c in feedback_charts(experiment.feedback)][:2] == [
+        "chart-ab", "chart-series"]
 
 
 def gpu_present() -> bool:
