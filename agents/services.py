@@ -32,7 +32,7 @@ from infraops import gitops
 from infraops.access import has_target_role, target_roles
 from infraops.dbretry import TRANSIENT, retried
 from infraops.diskspace import disk_full_reason, says_disk_full
-from infraops.errors import DomainError
+from infraops.errors import QUEUE_DOWN, DomainError, queue_errors
 from infraops.live import notify
 from infraops.models import Experiment, Goal, Target
 from infraops.roles import ENGINEER, REVIEWER
@@ -172,16 +172,6 @@ def _require_fetched(target: Target) -> None:
     if target.fetch_status == Target.Fetch.FAILED:
         raise DomainError(f"{target.name}'s repository could not be fetched: "
                           f"{target.fetch_error} Fix the target (or refresh it) first.")
-
-
-QUEUE_DOWN = "The task queue (Redis) is not answering"
-
-
-def queue_errors() -> tuple[type[BaseException], ...]:
-    from kombu.exceptions import OperationalError
-    from redis.exceptions import RedisError
-
-    return (OperationalError, RedisError, OSError)
 
 
 def _require_task_queue() -> None:

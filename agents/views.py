@@ -31,7 +31,7 @@ from infraops.access import (
     require_any_role,
     visible_target_ids,
 )
-from infraops.errors import DomainError
+from infraops.errors import QUEUE_DOWN, DomainError, queue_errors
 from infraops.experiments.workers import missing_worker_message
 from infraops.fragments import rendered_once
 from infraops.live import cursor
@@ -129,9 +129,9 @@ def run_start(request: AuthenticatedHttpRequest, goal_id: int) -> HttpResponse:
     except DomainError as exc:
         messages.error(request, str(exc))
         return redirect("infraops:target", name=goal.target.name)
-    except services.queue_errors():
+    except queue_errors():
         # run_start checks the queue first; this is the rest: a page that says so, not a 500.
-        messages.error(request, f"{services.QUEUE_DOWN}; the run may not have started: "
+        messages.error(request, f"{QUEUE_DOWN}; the run may not have started: "
                                 "check the runs list before trying again.")
         return redirect("infraops:target", name=goal.target.name)
     others = [pk for pk in others if pk != run.pk]

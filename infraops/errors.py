@@ -1,6 +1,17 @@
-"""The one exception type for rule violations; views turn it into a 4xx with its message."""
+"""The one exception type for rule violations; views turn it into a 4xx with its message. And
+what a task queue that does not answer raises, which views word apart."""
 
 from __future__ import annotations
+
+QUEUE_DOWN = "The task queue (Redis) is not answering"
+
+
+def queue_errors() -> tuple[type[BaseException], ...]:
+    """What sending a task raises while the broker (Redis) does not answer."""
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import RedisError
+
+    return (OperationalError, RedisError, OSError)
 
 
 class DomainError(Exception):

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 APPROVE = "approve"
 START_RUN = "start_run"
+# An experiment asked for from a target page is a start too: it queues work for the workers.
 WORDS = {APPROVE: "approvals", START_RUN: "run starts"}
 
 

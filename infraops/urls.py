@@ -8,5 +8,6 @@ app_name = "infraops"
 
 urlpatterns = [
     path("targets/<slug:name>/", views.target_detail, name="target"),
+    path("targets/<slug:name>/compare/", views.target_compare, name="compare"),
     path("experiments/<int:pk>/", views.experiment_detail, name="experiment"),
 ]

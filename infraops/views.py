@@ -1,34 +1,93 @@
-"""Dashboard, target and experiment pages, and a health check."""
+"""Dashboard, target and experiment pages, a comparison of two revisions asked from the
+target page, and a health check."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
+from django import forms
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.template.loader import render_to_string
 from django.utils.safestring import SafeString
+from django.views.decorators.http import require_POST
 
-from infraops.access import get_visible_or_404, read_visible_or_404, target_roles
-from infraops.experiments.services import reproduce_command
+from infraops.access import (
+    AuthenticatedHttpRequest,
+    get_visible_or_404,
+    read_visible_or_404,
+    target_roles,
+)
+from infraops.errors import QUEUE_DOWN, DomainError, Forbidden, queue_errors
+from infraops.experiments.services import experiment_compare, reproduce_command
 from infraops.experiments.workers import missing_worker_message
 from infraops.fragments import charts_html, finished_part, rendered_once
 from infraops.live import cursor
 from infraops.models import Experiment, Target
+from infraops.ratelimit import START_RUN, throttled
 from infraops.reads import JoinedRead
+from infraops.roles import ENGINEER
 
 
 def target_detail(request: HttpRequest, name: str) -> HttpResponse:
     target = get_visible_or_404(Target.objects.all(), request, path="", name=name)
     manifest = target.manifest()
+    roles = target_roles(request.user, target.pk)
     return render(request, "infraops/target.html", {
-        "target": target, "manifest": manifest,
-        "target_roles": target_roles(request.user, target.pk),
+        "target": target, "manifest": manifest, "target_roles": roles,
         "goals": target.goals.select_related("boundary").prefetch_related("criteria"),
         "experiments": target.experiments.all()[:20],
+        "compare_form": CompareForm(target=target) if ENGINEER in roles else None,
     })
+
+
+class CompareForm(forms.Form):
+    """Two revisions of a target to compare, and the probes to run (none: those covering the
+    changed paths)."""
+
+    candidate = forms.CharField(max_length=200, label="Candidate",
+                                help_text="the revision to measure: a branch, tag or sha")
+    base = forms.CharField(max_length=200, required=False, label="Against",
+                           help_text="blank: the base branch's tip")
+
+    def __init__(self, *args: Any, target: Target, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        manifest = target.manifest()
+        self.fields["probes"] = forms.MultipleChoiceField(
+            required=False, widget=forms.CheckboxSelectMultiple,
+            choices=[(p.name, p.name) for p in (manifest.probes if manifest else ())],
+            help_text="none ticked: those covering the change")
+        self.fields["base"].widget.attrs["placeholder"] = target.base_branch
+
+
+@require_POST
+def target_compare(request: AuthenticatedHttpRequest, name: str) -> HttpResponse:
+    """Queue an experiment of two revisions of the target (an engineer's), then show it."""
+    target = get_visible_or_404(Target.objects.all(), request, path="", name=name)
+    if (refused := throttled(request, START_RUN)) is not None:
+        return refused
+    form = CompareForm(request.POST, target=target)
+    if not form.is_valid():
+        messages.error(request, "; ".join(f"{name}: {' '.join(map(str, errors))}"
+                                          for name, errors in form.errors.items()))
+        return redirect("infraops:target", name=target.name)
+    try:
+        experiment = experiment_compare(target=target, user=request.user, fetch=False,
+                                        **form.cleaned_data)
+    except Forbidden as exc:
+        raise PermissionDenied(str(exc)) from None
+    except DomainError as exc:
+        messages.error(request, str(exc))
+        return redirect("infraops:target", name=target.name)
+    except queue_errors():
+        messages.error(request, f"{QUEUE_DOWN}: the experiment was recorded and is sent again "
+                                "once it answers (see the list below).")
+        return redirect("infraops:target", name=target.name)
+    return redirect("infraops:experiment", pk=experiment.pk)
 
 
 # An experiment with its target (the page links it and reads its manifest).

@@ -322,8 +322,11 @@ def _bottleneck(finding: Mapping[str, Any]) -> str | None:
     kind = finding.get("kind")
     if kind == "no-overlap":
         return SERIALIZED
+    # A growing error is its own finding, or folded into the failing cases it explains
+    # (infraops.feedback.findings.by_root_cause).
     series = (finding.get("evidence") or {}).get("series") or {}
-    if kind == "error-vs-size" and isinstance(series, Mapping) and series.get("growing"):
+    if (kind == "error-vs-size" or finding.get("layer") == "correctness") and isinstance(
+            series, Mapping) and series.get("growing"):
         return PRECISION
     return None
 

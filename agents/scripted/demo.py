@@ -92,12 +92,15 @@ def _rule_fixer(name: str, variants: dict[str, list[str]], rule: str) -> Script:
                        reason=f"Does the unchanged parallel path hold its rule ({rule})?")]
     base = _queued(turn.result("run_experiment"))
     news = turn.experiment_news(base)
-    failing = re.findall(r"\[FAIL correctness\] \S+ .*? case (\S+) mismatch", news)
+    # One finding per cause: "... cases len-4096, len-1024 mismatch", the worst case first.
+    failing = [case for named in re.findall(
+        r"\[FAIL correctness\] \S+ .*? cases? (\S+(?:, \S+)*) mismatch", news)
+        for case in named.split(", ")]
     if not failing:
         yield [call("finish", summary=f"The unchanged code holds its rule ({rule}): "
                                       "nothing to fix.")]
         return
-    turn = yield [call("case_detail", experiment_id=base, probe=name, case=failing[-1])]
+    turn = yield [call("case_detail", experiment_id=base, probe=name, case=failing[0])]
     turn = yield [call("search_code", pattern=r"^INPUT_PRECISION\s*=", path_glob="**/*.py")]
     path = _found(r"^(\S+\.py):\d+: INPUT_PRECISION", turn.result("search_code"),
                   "where the precision is set").group(1)

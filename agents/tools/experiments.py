@@ -19,7 +19,6 @@ marked untrusted.
 from __future__ import annotations
 
 import fnmatch
-import re
 import shutil
 import tempfile
 from collections import defaultdict
@@ -39,6 +38,8 @@ from infraops.experiments.behaviour import TRACE_MAX_BYTES
 from infraops.experiments.blobstore import blob_store
 from infraops.experiments.services import reproduce_command
 from infraops.feedback import correctness, traces
+from infraops.feedback.correctness import natural_key
+from infraops.feedback.findings import case_titles
 from infraops.manifest import DEFAULT_ATOL, DEFAULT_RTOL, Probe
 from infraops.models import Artifact, Experiment, ProbeExecution, variant_key
 
@@ -314,9 +315,11 @@ def _header(experiment: Experiment) -> str:
 
 
 def _failing_checks(experiment: Experiment) -> list[str]:
-    """The titles of the experiment's failing correctness and integrity findings."""
-    return [f["title"] for f in experiment.feedback.get("findings", [])
-            if f["layer"] in ("correctness", "integrity") and f["severity"] == "fail"]
+    """The titles of the experiment's failing correctness and integrity findings, one per
+    case: two experiments failing one cause at different cases differ by those cases."""
+    return [title for f in experiment.feedback.get("findings", [])
+            if f["layer"] in ("correctness", "integrity") and f["severity"] == "fail"
+            for title in case_titles(f)]
 
 
 def _checks_differ(pair: tuple[Experiment, Experiment]) -> list[str]:
@@ -451,7 +454,7 @@ def _case_detail(ctx: ToolContext, args: dict[str, Any]) -> ToolResult:
     outputs = _output_cases(compared.values())
     case = args.get("case")
     known = sorted({c for entry in compared.values() for c in entry.cases}
-                   | {c for cases in outputs.values() for c in cases}, key=_natural)
+                   | {c for cases in outputs.values() for c in cases}, key=natural_key)
     if case is not None and case not in known:
         raise ToolError(f"{name} has no case {case!r} in experiment {experiment.pk}",
                         f"Its cases: {', '.join(known[:MAX_PASSING_NAMED]) or 'none'}.")
@@ -509,15 +512,25 @@ def _compared(experiment: Experiment, probe: str) -> dict[str, _Compared]:
 
 
 def _note(entry: _Compared, finding: dict[str, Any], evidence: dict[str, Any]) -> None:
-    case = evidence.get("case")
-    comparison = evidence.get("comparison")
+    """What one finding says of its pair: its error series, or its cases (every case of a
+    finding that stands for several, infraops.feedback.findings.by_root_cause)."""
     if finding.get("kind") == "error-vs-size":
         entry.series = str(finding.get("detail", ""))
-    elif isinstance(case, str) and finding.get("layer") == "correctness" \
-            and isinstance(comparison, dict):
-        entry.cases[case] = comparison
-    elif isinstance(case, str):
-        entry.notes[case].append(f"{finding.get('kind')}: {str(finding.get('detail'))[:300]}")
+        return
+    series = evidence.get("series")
+    if isinstance(series, dict) and series.get("detail"):  # folded into the failing cases
+        entry.series = str(series["detail"])
+    case = evidence.get("case")
+    if not isinstance(case, str):
+        return
+    cases = evidence["cases"] if isinstance(evidence.get("cases"), list) else [case]
+    comparisons = evidence.get("comparisons") or {case: evidence.get("comparison")}
+    for one in (c for c in cases if isinstance(c, str)):
+        comparison = comparisons.get(one) if isinstance(comparisons, dict) else None
+        if finding.get("layer") == "correctness" and isinstance(comparison, dict):
+            entry.cases[one] = comparison
+        else:
+            entry.notes[one].append(f"{finding.get('kind')}: {str(finding.get('detail'))[:300]}")
 
 
 def _pair_key(entry: _Compared) -> tuple[int, ...]:
@@ -549,11 +562,6 @@ def _case_name(artifact: str) -> str | None:
     return None
 
 
-def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
-    return tuple((0, int(part)) if part.isdigit() else (1, part)
-                 for part in re.split(r"(\d+)", name) if part)
-
-
 def _probes_with_cases(experiment: Experiment) -> str:
     probes = sorted({str((f.get("evidence") or {}).get("probe"))
                      for f in experiment.feedback.get("findings", [])
@@ -583,11 +591,11 @@ def _tolerance(probe: Probe | None, label: str) -> tuple[float, float]:
 def _cases_summary(entry: _Compared, cases: set[str]) -> list[str]:
     """The failing cases with their numbers, then the passing ones by name."""
     lines = []
-    failing = [c for c in sorted(cases, key=_natural)
+    failing = [c for c in sorted(cases, key=natural_key)
                if c in entry.cases and entry.cases[c].get("status") != "match"]
     for case in failing:
         lines += _case_lines(case, entry.cases[case], entry.notes.get(case, []))
-    passing = [c for c in sorted(cases, key=_natural) if c not in failing]
+    passing = [c for c in sorted(cases, key=natural_key) if c not in failing]
     if passing:
         shown = ", ".join(passing[:MAX_PASSING_NAMED])
         more = f" and {len(passing) - MAX_PASSING_NAMED} more" \

@@ -17,7 +17,6 @@ from __future__ import annotations
 import difflib
 import math
 import os
-import re
 import shutil
 import tempfile
 from collections import defaultdict
@@ -33,7 +32,7 @@ from infraops.experiments.behaviour import Runs, behaviour_findings
 from infraops.experiments.blobstore import blob_store
 from infraops.feedback import correctness, stats
 from infraops.feedback import findings as feedback
-from infraops.feedback.correctness import CaseComparison
+from infraops.feedback.correctness import CaseComparison, natural_key
 from infraops.feedback.criteria import (
     CRITERION_KEYS,
     IntervalVerdict,
@@ -126,13 +125,14 @@ def experiment_feedback(experiment: Experiment, manifest: Manifest,
                  for r in rows if r.probe in declared}
         units |= {(r.probe, r.variant, r.metric, r.case): r.unit for r in rows if r.unit}
         context.extras["distributions"] = _distributions(samples, units)
+        context.extras["series"] += _error_curves(probes, rows, context.sizes)
         for probe in probes:
             findings += _correctness(context, probe)
             findings += behaviour_findings(probe, context.runs, context.extras)
         findings += _criteria(experiment, samples)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    built = feedback.build(feedback.uncredited(findings),
+    built = feedback.build(feedback.uncredited(feedback.by_root_cause(findings)),
                            execution=_execution_status(experiment, executions),
                            next_probes=_next_probes(experiment, manifest, executions))
     result = built.as_dict()
@@ -428,7 +428,7 @@ def _distributions(samples: dict[SampleKey, list[float]],
     """Per compared key, both sides' per-execution values and their unit (for the A/B
     chart); cases in numeric order (len-64 before len-256)."""
     keys = sorted({key[:4] for key in samples},
-                  key=lambda key: tuple(_natural(part) for part in key))[:limit]
+                  key=lambda key: tuple(natural_key(part) for part in key))[:limit]
     units = units or {}
     return [{"label": " ".join(filter(None, (probe, f"[{variant}]" if variant else "", metric,
                                               case))),
@@ -436,6 +436,29 @@ def _distributions(samples: dict[SampleKey, list[float]],
              "baseline": samples.get((probe, variant, metric, case, "baseline"), []),
              "candidate": samples.get((probe, variant, metric, case, "candidate"), [])}
             for probe, variant, metric, case in keys]
+
+
+def _error_curves(probes: Sequence[Probe], rows: Sequence[SampleRow],
+                  sizes: dict[int, dict[str, float]]) -> list[dict[str, Any]]:
+    """The error-versus-size curve of a probe that writes its errors as metrics rather than
+    outputs to compare (the numerics goals' probes, which the tuner's experiments run): per
+    probe, variant, metric of kind error and side, the median error of each case that has a
+    size (its `size` label) against that size; a curve needs two sizes. Drawn beside the
+    output comparisons' curves (feedback["series"])."""
+    declared = {p.name: p for p in probes}
+    found: dict[tuple[str, str, str, str], dict[float, list[float]]] = defaultdict(
+        lambda: defaultdict(list))
+    for row in rows:
+        probe = declared.get(row.probe)
+        size = sizes.get(row.execution, {}).get(row.case) if row.case else None
+        if probe is not None and size is not None and probe.metric(row.metric).kind == "error":
+            found[(row.probe, row.variant, row.metric, row.side)][size].append(row.value)
+    return [{"probe": probe, "metric": metric, "side": side,
+             "label": " ".join(filter(None, (probe, f"[{variant}]" if variant else "", side))),
+             "points": [[size, float(np.median(values))]
+                        for size, values in sorted(by_size.items())]}
+            for (probe, variant, metric, side), by_size in sorted(found.items())
+            if len(by_size) >= 2]
 
 
 # --- correctness and integrity ---------------------------------------------------------------
@@ -736,11 +759,6 @@ def _json_numbers(value: object) -> Iterator[float]:
             stack.extend(reversed(list(item.values())))
 
 
-def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
-    return tuple((0, int(part)) if part.isdigit() else (1, part)
-                 for part in re.split(r"(\d+)", name) if part)
-
-
 def _constant(values: np.ndarray[Any, Any]) -> bool:
     return bool(np.all(values == values[0]))
 
@@ -774,7 +792,7 @@ def _seed_findings(context: _Context, probe: Probe, pair: _Pair,
     moved = {c.case: not c.ok for c in ref_moved if c.status in ("match", "mismatch")}
     fixed = {c.case: c.ok for c in cand_moved if c.status in ("match", "mismatch")}
     found = []
-    for case in sorted(set(first) & set(second), key=_natural):
+    for case in sorted(set(first) & set(second), key=natural_key):
         if case in excused:
             continue
         a, b = first[case], second[case]

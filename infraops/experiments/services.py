@@ -31,14 +31,16 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 from django.db.models import DateTimeField, F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from infraops import gitops
+from infraops.access import has_target_role
 from infraops.dbretry import retried
-from infraops.errors import DomainError, WorkerNotAccepted
+from infraops.errors import DomainError, Forbidden, WorkerNotAccepted
 from infraops.experiments import sandbox
 from infraops.experiments.accelerators import ProbeAccess, probe_access
 from infraops.experiments.analysis import (
@@ -70,6 +72,8 @@ from infraops.models import (
     parse_variant,
     variant_key,
 )
+from infraops.roles import ENGINEER
+from infraops.services.audit import audit_record
 from infraops.services.targets import target_manifest_at
 from infraops.signals import experiment_finished
 
@@ -241,35 +245,51 @@ def experiment_request(
 
 
 def experiment_compare(*, target: Target, candidate: str, base: str = "",
-                       probes: Sequence[str] = (), send: bool = True) -> Experiment:
+                       probes: Sequence[str] = (), send: bool = True,
+                       user: User | None = None, fetch: bool = True) -> Experiment:
     """Queue an experiment of any two revisions of the target (branch, tag or sha; `base`
-    blank: the base branch's tip), for a person rather than a run: what
-    `manage.py experiment` asks. A revision the clone does not know is looked for upstream
-    (fetched, then its `origin/` branch); DomainError names one found nowhere."""
+    blank: the base branch's tip), for a person rather than a run: what the target page and
+    `manage.py experiment` ask. `user`: the person asking from the page, an engineer of the
+    target (Forbidden otherwise), recorded in the audit log; None: the command line, run by
+    whoever runs the host. A revision the clone does not know is looked for upstream (fetched,
+    then its `origin/` branch); with `fetch` False (a web request: the git work that can hang
+    is a worker's, issue 28) only in the clone as its worker last fetched it. DomainError
+    names a revision found nowhere."""
+    if user is not None and not has_target_role(user, target.pk, ENGINEER):
+        raise Forbidden(f"Only an engineer of {target.name} can compare its revisions.")
     base = base or target.base_branch
-    baseline_commit = _resolve(target, base)
-    candidate_commit = _resolve(target, candidate)
+    baseline_commit = _resolve(target, base, fetch=fetch)
+    candidate_commit = _resolve(target, candidate, fetch=fetch)
     if candidate_commit == baseline_commit:
         raise DomainError(f"{candidate} and {base} are the same commit "
                           f"({candidate_commit[:10]}): there is nothing to compare.")
-    return experiment_request(
-        target=target, candidate_commit=candidate_commit, baseline_commit=baseline_commit,
-        probes=probes, origin=f"compare {candidate} against {base}"[:200], send=send)
+    with transaction.atomic():
+        experiment = experiment_request(
+            target=target, candidate_commit=candidate_commit, baseline_commit=baseline_commit,
+            probes=probes, origin=f"compare {candidate} against {base}"[:200], send=send)
+        if user is not None:
+            audit_record(actor=user, action="experiment.compare", obj=experiment,
+                         data={"candidate": candidate, "base": base})
+    return experiment
 
 
-def _resolve(target: Target, rev: str) -> str:
-    for attempt in range(2):
+def _resolve(target: Target, rev: str, *, fetch: bool = True) -> str:
+    for attempt in range(2 if fetch else 1):
         for name in (rev, f"refs/remotes/origin/{rev}"):
             try:
                 return gitops.rev_parse(target.clone_path, name)
             except gitops.GitError:
                 continue
-        if attempt == 0:
+        if attempt == 0 and fetch:
             try:
                 gitops.repo_fetch(target.clone_path)
             except gitops.GitError as exc:
                 raise DomainError(f"{rev!r} is not in {target.name}'s clone and fetching "
                                   f"from upstream failed: {exc}") from None
+    if not fetch:
+        raise DomainError(f"{rev!r} names no commit of {target.name} as its clone was last "
+                          "fetched: give a branch, tag or commit sha it has, or refresh the "
+                          "target so that a worker fetches its upstream.")
     raise DomainError(f"{rev!r} names no commit of {target.name}, here or upstream: give a "
                       "branch, tag or commit sha.")
 

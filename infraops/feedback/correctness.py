@@ -249,7 +249,7 @@ def compare_output_dirs(
     """
     _check_tolerances(rtol, atol)
     with _Folder(reference_dir, "reference") as ref, _Folder(candidate_dir, "candidate") as cand:
-        cases = sorted(set(ref.outputs) | set(cand.outputs), key=_natural_key)
+        cases = sorted(set(ref.outputs) | set(cand.outputs), key=natural_key)
         return [
             _compare_case(case, ref, cand, rtol=rtol, atol=atol,
                           given=_finite_number(sizes.get(case)) if sizes else None,
@@ -875,7 +875,8 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sorts names as people count: len-64 before len-256."""
     return tuple((0, int(part)) if part.isdigit() else (1, part)
                  for part in re.split(r"(\d+)", name) if part)
 

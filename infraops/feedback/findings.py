@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infraops.feedback.correctness import CaseComparison, ErrorSeries
+from infraops.feedback.correctness import CaseComparison, ErrorSeries, natural_key
 from infraops.feedback.numbers import significant
 from infraops.feedback.stats import INCONCLUSIVE, Comparison
 from infraops.feedback.traces import Overlap, SpanChange
@@ -208,6 +208,121 @@ def uncredited(findings: Sequence[Finding]) -> list[Finding]:
                         f"{why}. {f.detail}", f.specificity, f.evidence | {"credited": False})
         result.append(f)
     return result
+
+
+MAX_CASES_NAMED = 6
+
+
+def by_root_cause(findings: Sequence[Finding]) -> list[Finding]:
+    """One finding per probe, compared pair and kind of failure, in place of one per case: a
+    precision loss that fails every length of a merge is one cause, and ten findings of it
+    (3.1k characters) buried the rest. The merged finding lists its cases worst first (the
+    largest error, absolute then relative; then by name) in its title, gives the worst case's
+    detail whole and the others' errors after it; its evidence keeps the worst case's `case`
+    and `comparison` (what next_steps reads) and every case in `cases`, with each one's
+    comparison in `comparisons`. A failing error-versus-size series of a pair whose cases
+    fail is how their error grows: it is folded into that pair's first failing correctness
+    finding (its detail and evidence `series`), not a second failure. Findings about no case
+    keep their place; a group takes its first member's."""
+    groups: dict[tuple[str, ...], list[Finding]] = {}
+    order: list[tuple[str, ...] | Finding] = []
+    for f in findings:
+        key = _cause(f)
+        if key is None:
+            order.append(f)
+        else:
+            if key not in groups:
+                order.append(key)
+            groups.setdefault(key, []).append(f)
+    growth = {_pair_of(f): f for f in findings
+              if f.kind == "error-vs-size" and f.severity == FAIL}
+    folded: list[Finding] = []
+    result: list[Finding] = []
+    for item in order:
+        if isinstance(item, Finding):
+            result.append(item)
+            continue
+        merged = _merged(groups[item])
+        series = growth.get(_pair_of(merged))
+        if (series is not None and merged.layer == "correctness" and merged.severity == FAIL
+                and all(series is not f for f in folded)):
+            folded.append(series)
+            merged = Finding(merged.layer, merged.kind, merged.severity, merged.title,
+                             f"{merged.detail}; {series.detail}", merged.specificity,
+                             merged.evidence | {"series": series.evidence.get("series")})
+        result.append(merged)
+    return [f for f in result if all(f is not series for series in folded)]
+
+
+def _cause(f: Finding) -> tuple[str, ...] | None:
+    """What a failing or warned finding about one case of a compared pair has in common with
+    the others of its cause; None for any other finding."""
+    if (f.layer not in ("correctness", "integrity") or f.severity not in (FAIL, WARN)
+            or not f.evidence.get("case")):
+        return None
+    return (f.layer, f.kind, f.severity, *_pair_of(f))
+
+
+def _pair_of(f: Finding) -> tuple[str, str]:
+    return str(f.evidence.get("probe", "")), str(f.evidence.get("compared", ""))
+
+
+def _merged(group: list[Finding]) -> Finding:
+    if len(group) == 1:
+        return group[0]
+    ordered = sorted(group, key=lambda f: (*(-e for e in _errors(f)),
+                                           natural_key(str(f.evidence["case"]))))
+    worst = ordered[0]
+    cases = [str(f.evidence["case"]) for f in ordered]
+    more = len(cases) - MAX_CASES_NAMED
+    others = [_case_clause(f) for f in ordered[1:MAX_CASES_NAMED]]
+    also = (f"; also {len(ordered) - 1} more case{'s' * (len(ordered) > 2)}, worst first: "
+            f"{', '.join(others)}" + (f" and {more} more" if more > 0 else ""))
+    comparisons = {str(f.evidence["case"]): f.evidence["comparison"] for f in ordered
+                   if isinstance(f.evidence.get("comparison"), dict)}
+    return Finding(worst.layer, worst.kind, worst.severity,
+                   worst.title.replace(f" case {cases[0]}", f" cases {_shown(cases)}", 1),
+                   worst.detail + also, max(f.specificity for f in group),
+                   worst.evidence | {"cases": cases, "comparisons": comparisons})
+
+
+def _shown(cases: Sequence[str]) -> str:
+    more = len(cases) - MAX_CASES_NAMED
+    return ", ".join(cases[:MAX_CASES_NAMED]) + (f" and {more} more" if more > 0 else "")
+
+
+def case_titles(finding: Mapping[str, Any]) -> list[str]:
+    """The title of each case a finding (as stored) is about, as a finding of that case alone
+    would have it: one per cause stands for several (by_root_cause)."""
+    title = str(finding.get("title", ""))
+    evidence = finding.get("evidence") or {}
+    cases = evidence.get("cases")
+    if not isinstance(evidence.get("case"), str) or not isinstance(cases, list) or len(
+            cases) < 2:
+        return [title]
+    return [title.replace(f" cases {_shown(cases)}", f" case {case}", 1) for case in cases]
+
+
+def _errors(f: Finding) -> tuple[float, float]:
+    """A case finding's largest error, absolute then relative (0 when it has none)."""
+    c = f.evidence.get("comparison") or {}
+    return _error(c.get("max_abs_error")), _error(c.get("max_rel_error"))
+
+
+def _error(value: object) -> float:
+    if value == "inf":  # CaseComparison.as_dict spells a non-finite error as text
+        return math.inf
+    return _number(value)
+
+
+def _case_clause(f: Finding) -> str:
+    case = str(f.evidence["case"])
+    c = f.evidence.get("comparison") or {}
+    numbers = [f"max abs {significant(v)}" for v in [c.get("max_abs_error")]
+               if isinstance(v, int | float)]
+    if c.get("mismatches"):
+        numbers.append(f"{c['mismatches']} elements differ")
+    return f"{case} ({', '.join(numbers)})" if numbers else case
 
 
 def _worst_cases(findings: Sequence[Finding]) -> dict[tuple[str, str], Finding]:

@@ -486,3 +486,26 @@ def test_compare_experiments_names_the_correctness_verdicts_that_differ(
     assert len(result.data["verdicts_differ"]) == 5
     assert (f"squares [dtype=fp16] case c0 mismatch: fails in #{broken.pk}, not in "
             f"#{fixed.pk}") in result.content
+
+
+def test_compare_experiments_tells_apart_the_cases_of_one_cause(
+    run: AgentRun, ctx: ToolContext,
+) -> None:
+    # One finding per cause (infraops.feedback.findings.by_root_cause) stands for its cases.
+    def cause(cases: list[str]) -> dict[str, Any]:
+        title = (f"squares [dtype=fp16] case {cases[0]} mismatch" if len(cases) == 1 else
+                 f"squares [dtype=fp16] cases {', '.join(cases)} mismatch")
+        return {"layer": "correctness", "kind": "output-mismatch", "severity": "fail",
+                "title": title, "detail": "max abs 1.0",
+                "evidence": {"case": cases[0], "cases": cases}}
+
+    everywhere, one_left = (ExperimentFactory.create(
+        target=run.target, status=Experiment.Status.SUCCEEDED, feedback={"findings": [found]})
+        for found in (cause(["c2", "c1", "c0"]), cause(["c2"])))
+    run.experiments.add(everywhere, one_left)
+
+    result = call(ctx, "compare_experiments", first_id=everywhere.pk, second_id=one_left.pk)
+
+    assert result.data["verdicts_differ"] == [
+        f"squares [dtype=fp16] case {case} mismatch: fails in #{everywhere.pk}, not in "
+        f"#{one_left.pk}" for case in ("c0", "c1")]

@@ -114,10 +114,17 @@ def test_numerics_on_the_base_names_the_diverging_case_and_what_to_read_first(
     with django_capture_on_commit_callbacks(execute=False):
         experiment = run(target, target.manifest_commit, "cp-equivalence")
 
-    broken = findings(experiment, severity="fail", layer="correctness",
-                      title=r"\[cp=on\] vs \[cp=off\] \(candidate\) case len-4096")
-    assert broken, experiment.feedback["agent_text"]
-    assert re.search(r"first at \[\d+, \d+, \d+\]", broken[0]["detail"])
+    # One cause, one finding (issue 26: it was five, 1.9k characters): every length fails
+    # the rule, listed worst first, the worst one's first mismatch, and the error growing
+    # with the length that explains them.
+    [broken] = findings(experiment, severity="fail")
+    assert broken["title"] == ("cp-equivalence [cp=on] vs [cp=off] (candidate) cases "
+                               "len-4096, len-1024, len-256, len-64 mismatch"), (
+        experiment.feedback["agent_text"])
+    assert re.match(r"case len-4096: \d+ of \d+ elements differ; first at \[\d+, \d+, \d+\]",
+                    broken["detail"])
+    assert re.search(r"grows with size: [\d.]+ at 64 to [\d.]+ at 4096", broken["detail"])
+    assert broken["evidence"]["series"]["growing"]
     # The same failure on the baseline is context, not a second failure.
     assert findings(experiment, kind="baseline-failing")
     assert not findings(experiment, severity="fail", title=r"\(baseline\)")
@@ -125,7 +132,7 @@ def test_numerics_on_the_base_names_the_diverging_case_and_what_to_read_first(
     assert experiment.feedback["findings"][0]["layer"] == "correctness"
     text = experiment.feedback["agent_text"]
     steps = text[text.index("Next steps:"):]
-    assert re.search(r"1\. read case len-\d+ of cp-equivalence \[cp=on\] vs \[cp=off\] "
+    assert re.search(r"1\. read case len-4096 of cp-equivalence \[cp=on\] vs \[cp=off\] "
                      r"\(candidate\) first at index \[\d+, \d+, \d+\] \(INFRAOPS_SEED=\d+",
                      steps), steps
     assert "compare variants [cp=on] and [cp=off]" in steps

@@ -43,7 +43,8 @@ from tests.factories import (
 SWEEP = 50
 # URL name (or admin model) -> the model its id names.
 SITE_KINDS: dict[str, type[models.Model]] = {
-    "infraops:target": Target, "infraops:experiment": Experiment, "agents:start": Goal,
+    "infraops:target": Target, "infraops:compare": Target, "infraops:experiment": Experiment,
+    "agents:start": Goal,
     "agents:goal": Goal,
     "agents:run": AgentRun, "agents:steer": AgentRun, "agents:control": AgentRun,
     "reviews:change": Change, "reviews:decide": Change, "reviews:merge": Change,

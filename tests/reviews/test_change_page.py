@@ -281,3 +281,26 @@ def test_approving_over_a_failed_criterion_takes_a_named_second_step(
                                       "reason": "the criterion's probe is flaky"}
     merged = client.get(url).content.decode()
     assert '<span id="merged-over" class="badge bad">merged over failing checks</span>' in merged
+
+
+def test_a_cheats_speed_up_is_no_gain_confirmed_on_the_change_page(
+    client: Client, viewer: User, passing_submit: Callable[..., Change], auto_goal: GoalVersion,
+) -> None:
+    """Issue 26: a candidate that stopped doing the work (1000x faster, an implausible
+    speed-up) had its gain ticked "✔ Gain confirmed end to end … ratio 0.001"."""
+    faster = perf_finding("latency-bench", "latency_ms", detail="ratio 0.001")
+    cheat = {"layer": "integrity", "kind": "too-good-to-be-true", "severity": "fail",
+             "title": "latency-bench latency_ms 1000x better: implausible", "detail": "d",
+             "specificity": 20, "evidence": {"probe": "latency-bench"}}
+    change = passing_submit(findings=[criterion_finding(auto_goal.spec["criteria"][0]), faster,
+                                      cheat])
+    client.force_login(viewer)
+
+    panel = _panel(client.get(f"/reviews/changes/{change.pk}/").content.decode())
+
+    marks = dict(re.findall(r'data-check="([^"]+)">\s*<span class="mark" aria-label="(\w+)"',
+                            panel))
+    assert (marks["end-to-end"], marks["integrity"]) == ("failed", "failed"), marks
+    assert re.search(r"no gain is credited: latency-bench latency_ms \w+ comes with an "
+                     r"integrity failure", panel), panel
+    assert "✔</span>\n      <strong>Gain confirmed" not in panel

@@ -350,3 +350,24 @@ def test_feedback_stored_before_cheats_went_uncredited_credits_a_cheat_no_gain()
 
     assert [r.verdict for r in honest.performance] == ["improved"]
     assert [r.verdict for r in cheated.performance] == [NOT_CREDITED]
+
+
+def test_a_speed_up_beyond_the_bound_only_within_the_noise_flags_no_cheat() -> None:
+    """A median beyond the plausibility bound whose interval reaches below it is a warning
+    of the integrity layer (the showcase's 3.5x measured 5.6x on a loaded machine): the gate
+    shows it with the findings and credits the gain; only a failing one is a cheat."""
+    from infraops.models import Experiment
+    from reviews.services.facts import evidence_facts
+
+    faster = {"layer": "performance", "kind": "perf-comparison", "severity": "pass",
+              "title": "bench ms improved", "detail": "ratio 0.18",
+              "evidence": {"probe": "bench", "metric": "ms", "kind": "time",
+                           "comparison": {"verdict": "improved"}}}
+    noise = {"layer": "integrity", "kind": "beyond-the-bound-within-noise", "severity": "warn",
+             "title": "bench ms 5.6x better: beyond the plausibility bound, within the noise",
+             "detail": "the interval reaches down to 2.1x", "evidence": {"probe": "bench"}}
+
+    facts = evidence_facts(Experiment(feedback={"findings": [faster, noise]}))
+
+    assert facts.integrity == ()
+    assert [(r.metric, r.verdict) for r in facts.performance] == [("ms", "improved")]

@@ -210,4 +210,12 @@ def test_tf32_sits_at_the_merge_bound_and_tf32x3_meets_it_two_thousand_times_ove
     merge = [(d["label"], d["unit"]) for d in experiment.feedback["distributions"]
              if d["metric"] == "merge_us"]
     assert merge == [(f"cp-merge merge_us len-{n}", "us") for n in (16, 64, 256, 1024)]
+    # The error-versus-length curve of a tuner's configuration, each side's (its errors are
+    # metrics with a size label, no outputs to compare): flat, the fix 2,000 times under.
+    curves = {s["label"]: dict(map(tuple, s["points"])) for s in experiment.feedback["series"]
+              if s["metric"] == "rel_error"}
+    assert set(curves) == {"cp-merge baseline", "cp-merge candidate"}, curves
+    assert list(curves["cp-merge candidate"]) == [16, 64, 256, 1024]
+    assert all(curves["cp-merge candidate"][n] < curves["cp-merge baseline"][n] / 500
+               for n in (16, 64, 256, 1024)), curves
 

@@ -23,6 +23,7 @@ from django.conf import settings
 from infraops.experiments import accelerators, sandbox
 from infraops.experiments import services as experiments
 from infraops.experiments.services import experiment_execute, experiment_request
+from infraops.feedback.charts import feedback_charts
 from infraops.models import Experiment, Target
 from infraops.services.targets import target_register
 from reviews.gate import ChangeFacts, Check, ProbeFact, merge_gate
@@ -84,23 +85,22 @@ def test_the_h200_merge_feedback_draws_each_precisions_error_curve_and_names_the
     experiment = replayed(demo, demo.manifest_commit, "gpu-cp-equivalence", monkeypatch)
     text = experiment.feedback["agent_text"]
 
-    # TF32 fails the rule at every length, and the error-versus-length curve says why.
-    tf32 = findings(experiment, title=r"\[precision=tf32\] vs \[precision=ieee\].*mismatch")
-    assert {re.search(r"len-\d+", f["title"]).group(0) for f in tf32  # type: ignore[union-attr]
-            } >= {"len-64", "len-4096"}, text
+    # TF32 fails the rule at every length, one finding for the one cause, the worst length
+    # first, and the error-versus-length curve says why.
+    [tf32] = findings(experiment, title=r"\[precision=tf32\] vs \[precision=ieee\].*mismatch")
+    assert tf32["evidence"]["cases"][0] == "len-4096", text
+    assert set(tf32["evidence"]["cases"]) >= {"len-64", "len-4096"}, text
     curves = {s["label"]: dict(map(tuple, s["points"])) for s in experiment.feedback["series"]}
     tf32_curve = next(points for label, points in curves.items()
                       if "[precision=tf32] vs [precision=ieee]" in label)
     assert tf32_curve[64] < tf32_curve[1024] < tf32_curve[4096], tf32_curve
-    grows = findings(experiment, title=r"\[precision=tf32\] vs \[precision=ieee\].* error "
-                                       r"versus size")
-    assert grows and re.search(r"grows with size: [\d.]+ at 64 to [\d.]+ at 4096",
-                               grows[0]["detail"]), text
+    assert re.search(r"grows with size: [\d.]+ at 64 to [\d.]+ at 4096", tf32["detail"]), text
+    assert tf32["evidence"]["series"]["growing"]
     # tf32x3 is 4,000 times closer, yet its error grows with length too: it fails the rule
     # at 4096 merges only, and the feedback says so of that case alone.
-    split = findings(experiment, title=r"\[precision=tf32x3\] vs \[precision=ieee\].*mismatch")
-    assert [re.search(r"len-\d+", f["title"]).group(0) for f in split  # type: ignore[union-attr]
-            ] == ["len-4096"], text
+    [split] = findings(experiment,
+                       title=r"\[precision=tf32x3\] vs \[precision=ieee\].*mismatch")
+    assert " case len-4096 mismatch" in split["title"], text
     # The same metric against float64 for each precision: about 0.9 at 4096 merges in TF32,
     # about 2e-4 with tf32x3, about 4e-6 in IEEE FP32 (measured there; the issue's own run
     # of a similar kernel saw 0.29, 5.2e-5 and 2.6e-6).
@@ -185,6 +185,17 @@ def test_the_h200_precision_fix_is_a_fix_and_no_gain_of_speed(
     assert not any(r.speed for r in evidence.performance if "error" in r.metric)
     confirmed = end_to_end(experiment, ProbeFact("gpu-cp-error", "performance", 6))
     assert "rel_error" not in confirmed.detail, confirmed
+    # The error against the merge's length, each side a curve (a probe that writes its
+    # errors as metrics, as the tuner's numerics experiments run it): the fix lies four
+    # orders of magnitude under the TF32 one at every length.
+    curves = {s["label"]: dict(map(tuple, s["points"])) for s in experiment.feedback["series"]
+              if s["metric"] == "rel_error"}
+    assert set(curves) == {"gpu-cp-error baseline", "gpu-cp-error candidate"}, curves
+    tf32, ieee = curves["gpu-cp-error baseline"], curves["gpu-cp-error candidate"]
+    assert list(tf32) == list(ieee) == [64, 256, 1024, 4096]
+    assert all(ieee[size] < 1e-4 * tf32[size] for size in tf32), (tf32, ieee)
+    assert [c["id"] for c in feedback_charts(experiment.feedback)][:2] == [
+        "chart-ab", "chart-series"]
 
 
 def gpu_present() -> bool:

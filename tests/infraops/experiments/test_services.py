@@ -522,15 +522,27 @@ def test_without_a_sandbox_the_experiment_fails_and_nothing_runs_unconfined(
     assert not Sample.objects.filter(experiment=result).exists()
 
 
+@pytest.mark.parametrize(("line", "reason"), [
+    ("'not json'", "Expecting value"),
+    # Issue 26: this line ended the experiment with "unexpected error RecursionError" and
+    # stored no execution; one under the line limit is nested too deep to parse.
+    ("'[' * 200_000", "longer than 65536 characters"),
+    ("'[' * 60_000", "nested too deep to read"),
+    # A 40 MB labels object was stored again with every sample of its execution.
+    ("json.dumps({'name': 'm', 'value': 1, 'labels': {'a': 'x' * 40_000_000}})",
+     "longer than 65536 characters"),
+], ids=["not-json", "200k-brackets", "60k-brackets", "40mb-labels"])
 def test_a_malformed_metrics_line_is_skipped_and_named_while_good_lines_are_stored(
     tmp_path: Path, example_source: Path, db: None,
-    request_experiment: Callable[..., Experiment],
+    request_experiment: Callable[..., Experiment], line: str, reason: str,
 ) -> None:
-    good = json.dumps({"name": "latency_ms", "value": 1.5, "unit": "ms"})
-    script = (f"echo 'not json' > $INFRAOPS_OUT/metrics.jsonl; "
-              f"echo '{good}' >> $INFRAOPS_OUT/metrics.jsonl")
+    (example_source / "bench" / "bad_line.py").write_text(
+        "import json, os\n"
+        "with open(os.environ['INFRAOPS_OUT'] + '/metrics.jsonl', 'w') as out:\n"
+        f"    out.write({line} + '\\n')\n"
+        "    out.write(json.dumps({'name': 'latency_ms', 'value': 1.5, 'unit': 'ms'}) + '\\n')\n")
     target = register_variant(tmp_path, example_source, "half-bad-metrics",
-                              command=json.dumps(script), repeat="1")
+                              command='"python3 bench/bad_line.py"', repeat="1")
     experiment = request_experiment(target)
 
     result = experiment_execute(experiment_id=experiment.pk, worker=WORKER)
@@ -540,7 +552,7 @@ def test_a_malformed_metrics_line_is_skipped_and_named_while_good_lines_are_stor
     executions = list(result.executions.filter(repeat_index__gte=0).order_by("id"))
     assert len(executions) == 2
     for execution in executions:
-        assert "metrics.jsonl line 1 skipped" in execution.detail
+        assert f"metrics.jsonl line 1 skipped: {reason}" in execution.detail, execution.detail
         assert [(s.metric, s.value) for s in execution.samples.all()] == [("latency_ms", 1.5)]
 
 
@@ -876,6 +888,33 @@ def test_a_growing_error_is_weighed_against_the_tolerance(metric: str, worst: fl
 
     assert _share_of_tolerance(series, pair) == pytest.approx(share)
     assert (share < WATCH_SHARE) is (metric == "max_abs_error")
+
+
+@pytest.mark.parametrize(("worst", "severity", "words"), [
+    (2e-12, "info", "at most 0.002 of the tolerance: round-off far inside it"),
+    (5e-10, "warn", "grows with size"),  # half the tolerance: worth watching
+], ids=["round-off", "half-the-tolerance"])
+def test_an_error_growing_far_inside_the_tolerance_is_a_note_not_a_warning(
+        tmp_path: Path, worst: float, severity: str, words: str) -> None:
+    from infraops.experiments.analysis import _Context, _Pair, _pair_findings
+    from infraops.feedback.correctness import CaseComparison
+    from infraops.manifest import parse_manifest
+
+    manifest = parse_manifest('[[probe]]\nname = "merge"\nlayer = "correctness"\n'
+                              'command = "x"\n')
+    # Every case matches (atol 1e-9); the error grows 40-fold from 64 to 4096 elements.
+    matches = [CaseComparison(f"n{size}", "match", (size,), "float64", worst * share,
+                              worst * share, 1, 0, None, None, float(size), f"n{size} matches")
+               for size, share in ((64, 0.025), (256, 0.1), (1024, 0.3), (4096, 1.0))]
+    context = _Context(Experiment(pk=1), manifest, list(manifest.probes), {}, tmp_path, {})
+    pair = _Pair("candidate vs baseline [default]", None, None, None, None, None, rtol=1e-5,
+                 atol=1e-9)
+
+    found = _pair_findings(context, manifest.probes[0], pair, matches, "fail")
+
+    [series] = [f for f in found if f.kind == "error-vs-size"]
+    assert series.severity == severity and words in series.detail, series.detail
+    assert not [f for f in found if f.severity == "fail"]
 
 
 def test_a_time_measured_under_the_instruction_counter_is_not_judged_and_says_so() -> None:

@@ -296,3 +296,76 @@ def test_a_speed_up_whose_whole_interval_is_beyond_the_bound_fails_and_says_how_
     [cheat] = [f for f in found if f.kind == "too-good-to-be-true"]
     assert cheat.severity == feedback.FAIL and cheat.title == "bench ms 6.66x better: implausible"
     assert "(at least 6.59x with 95% confidence)" in cheat.detail
+
+
+# --- one finding per root cause (issue 26, item 5) -------------------------------------------
+
+def mismatch(case: str, max_abs: float, size: int) -> Any:
+    from infraops.feedback.correctness import CaseComparison
+
+    return CaseComparison(case, "mismatch", (256,), "float32", max_abs, max_abs * 10, 5000,
+                          200, (0, 0, 0), (1.0, 1.0 + max_abs), float(size),
+                          f"case {case}: 200 of 256 elements differ; max abs {max_abs:g}")
+
+
+def test_one_cause_failing_every_case_is_one_finding_with_its_cases_worst_first() -> None:
+    from infraops.feedback.correctness import ErrorSeries
+
+    # A TF32 merge: every length fails its rule, and the error grows with the length.
+    errors = {"len-64": 0.00845, "len-256": 0.0157, "len-1024": 0.0289, "len-4096": 0.0516}
+    evidence = {"probe": "cp-check", "compared": "[cp=on] vs [cp=off] (candidate)"}
+    cases = feedback.correctness_findings(
+        "cp-check", evidence["compared"],
+        [mismatch(case, error, int(case[4:])) for case, error in errors.items()], evidence)
+    series = ErrorSeries(((64.0, 0.00845), (4096.0, 0.0516)), 0.44, True,
+                         "max absolute error grows with size: 0.00845 at 64 to 0.0516 at 4096",
+                         "max_abs_error")
+    grows = feedback.series_finding("cp-check", evidence["compared"], series, evidence)
+    assert grows is not None and len(cases) == 4
+    other = Finding("correctness", "output-mismatch", feedback.FAIL, "cp-check other case x",
+                    "d", feedback.CASE, {"probe": "cp-check", "compared": "other", "case": "x"})
+
+    built = feedback.build(feedback.by_root_cause([*cases, grows, other]))
+
+    assert built.counts[feedback.FAIL] == 2, [f.title for f in built.findings]
+    [cause] = [f for f in built.findings if f.evidence["compared"] == evidence["compared"]]
+    assert cause.title == ("cp-check [cp=on] vs [cp=off] (candidate) cases len-4096, len-1024, "
+                           "len-256, len-64 mismatch")
+    assert cause.detail.startswith("case len-4096: 200 of 256 elements differ")
+    assert ("also 3 more cases, worst first: len-1024 (max abs 0.0289, 200 elements differ), "
+            "len-256 (max abs 0.0157, 200 elements differ), len-64") in cause.detail
+    assert cause.detail.endswith("; max absolute error grows with size: 0.00845 at 64 to "
+                                 "0.0516 at 4096")
+    assert cause.evidence["case"] == "len-4096" and cause.evidence["series"]["growing"]
+    assert cause.evidence["cases"] == ["len-4096", "len-1024", "len-256", "len-64"]
+    assert cause.evidence["comparisons"]["len-64"]["max_abs_error"] == 0.00845
+    assert built.next_steps[0].startswith(
+        "read case len-4096 of cp-check [cp=on] vs [cp=off] (candidate) first")
+    # The finding about another pair keeps its place and its words.
+    assert other in built.findings
+
+
+def test_a_growing_error_whose_cases_pass_stays_a_finding_of_its_own() -> None:
+    from infraops.feedback.correctness import ErrorSeries
+
+    evidence = {"probe": "p", "compared": "candidate vs baseline [default]"}
+    series = ErrorSeries(((64.0, 1e-6), (4096.0, 1e-5)), 0.5, True, "grows", "max_abs_error")
+    watch = feedback.series_finding("p", evidence["compared"], series, evidence,
+                                    severity=feedback.WARN)
+    one = feedback.correctness_findings("p", "other pair", [mismatch("n1", 0.1, 1)],
+                                        {"probe": "p", "compared": "other pair"})
+    assert watch is not None
+
+    assert feedback.by_root_cause([watch, *one]) == [watch, *one]
+
+
+def test_a_finding_of_several_cases_gives_back_the_title_of_each() -> None:
+    evidence = {"probe": "p", "compared": "x"}
+    cases = feedback.correctness_findings(
+        "p", "x", [mismatch(f"c{n}", n / 10, n) for n in range(1, 9)], evidence)
+    [cause] = feedback.by_root_cause(cases)
+
+    assert cause.title == "p x cases c8, c7, c6, c5, c4, c3 and 2 more mismatch"
+    assert feedback.case_titles(cause.as_dict()) == [f"p x case c{n} mismatch"
+                                                     for n in range(8, 0, -1)]
+    assert feedback.case_titles(cases[0].as_dict()) == ["p x case c1 mismatch"]
