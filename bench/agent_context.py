@@ -90,9 +90,15 @@ def run_the_fix() -> tuple[Any, list[Any], tuple[str, str | None]]:
     from agents.scripted.demo import MODEL, DemoModel
     from agents.scripted.endpoint import OpenAIStub
     from agents.services import run_start, run_step, run_wake
+    from infraops.experiments import services as experiments
     from infraops.experiments.services import experiment_execute
     from infraops.models import Goal
 
+    # The lease's heartbeat thread has its own connection, which cannot see the experiment in
+    # this open transaction: a probe slower than one beat (a loaded machine) read as a lost
+    # lease and the run ended otherwise ("no news of experiment 1"). As in tests/conftest.py,
+    # the lease is renewed only by this thread's own writes.
+    experiments.RENEW_EVERY = 24 * 3600.0
     with OpenAIStub(fallback=DemoModel()) as endpoint, transaction.atomic():
         settings.OPENAI_BASE_URL, settings.OPENAI_API_KEY = endpoint.base_url, "bench"
         settings.INFRAOPS_MODEL = MODEL
