@@ -1,5 +1,5 @@
-"""A model endpoint that never answers or trickles its answer, against a real agent worker of
-one process: each step holds the process for one request of
+"""A model endpoint that never answers, trickles its answer, or rate-limits every request,
+against a real agent worker of one process: each step holds the process for one request of
 INFRAOPS_LLM_TIMEOUT at the most, the retries are the step re-scheduled (another run's step
 takes the process in between), and the run pauses, saying why, at the first failure after
 INFRAOPS_LLM_RETRY_SECONDS counted from the first failure: within the window and one
@@ -19,6 +19,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from agents.models import AgentRun, Step
+from agents.scripted.endpoint import OpenAIStub, ReceivedRequest, StubReply, rate_limited
 from agents.services import run_start
 from infraops.models import Goal
 from infraops.project.celery import app as celery_app
@@ -169,3 +170,45 @@ def test_a_hung_endpoint_pauses_the_run_within_the_window_and_one_timeout_and_fr
     assert first_step_of(other) < connections[-1].accepted, (first_step_of(other), connections)
     waits = list(run.events.filter(kind="wait").order_by("seq"))
     assert [w.data["attempt"] for w in waits] == list(range(1, len(connections)))
+
+
+@pytest.mark.parametrize("retry_after", [1, None], ids=["retry-after-1s", "no-retry-after"])
+def test_a_storm_of_429s_pauses_the_run_within_the_window_and_no_worker_sleeps(
+    retry_after: float | None, llm_goal: Callable[..., Goal], example_goal: Goal,
+    engineer: User, data_dir: Path, tmp_path: Path, settings: Any,
+) -> None:
+    """Every answer a 429 (an account out of quota): each wait is the step re-scheduled, none
+    goes past the window's end (without Retry-After the server's default wait, 30 s, would),
+    and the run pauses in words at the first 429 after it. (The request timeout is long: a
+    loaded machine once kept the stub from answering within 5 s, which is another fault.)"""
+    window = 6
+    arrived: list[datetime] = []
+
+    def always_429(request: ReceivedRequest) -> StubReply:
+        arrived.append(datetime.now(UTC))
+        return rate_limited(retry_after)
+
+    with OpenAIStub(fallback=always_429) as endpoint:
+        run, other = run_on_one_process(
+            endpoint.base_url, timeout=30, window=window, asked=lambda: arrived,
+            llm_goal=llm_goal, example_goal=example_goal, engineer=engineer,
+            data_dir=data_dir, tmp_path=tmp_path, settings=settings)
+
+    assert run.stop_reason.startswith("the model endpoint has rate-limited every request for "), (
+        run.stop_reason, arrived)
+    assert f"({len(arrived)} tries)" in run.stop_reason and "429" in run.stop_reason
+    assert run.stop_reason.endswith("Resume retries")
+    assert run.step_count == 0
+    # The window starts at the first 429 (after it arrived): the pause comes after its end,
+    # at the first 429 past it, so no more than one request came after it.
+    window_end = arrived[0] + timedelta(seconds=window)
+    assert paused_at(run) >= window_end
+    assert sum(at >= window_end for at in arrived) <= 1, arrived
+    assert len(arrived) >= 2
+    # The worker's only process was free between two 429s: the other run's step ran there.
+    assert first_step_of(other) < arrived[-1], (first_step_of(other), arrived)
+    # One request per step task, each wait an event: none was slept in the worker.
+    first_wait = run.events.filter(kind="wait").earliest("seq")
+    assert first_wait.data["attempt"] == 0 and "429" in first_wait.data["reason"]
+    asked_for = retry_after if retry_after is not None else window  # 30 s, cut to the window
+    assert 0 < first_wait.data["retry_in"] <= asked_for
