@@ -45,9 +45,10 @@ from bench import database_create, database_drop  # noqa: E402
 
 BENCH_DB = "infraops_bench_context"
 GOAL = "Numerics, by the LLM agent: the parallel merge matches the sequential path"
-# The same run on the code before issue 25 (main when this script was written):
+# The same run on the code before issue 25 (b256552, main when this script was written):
 # 9 requests of 4,427 / 6,233 / 7,512 prompt tokens (first / median / max), 14,297 bytes of
-# tool definitions each.
+# tool definitions each; measured there again on 2026-12-07: 56,543 and 56,546 in all
+# (bench/README.md).
 BEFORE_TOTAL = 56_528
 TARGET_RATIO = 0.55
 TOOLS_TARGET_BYTES = 5_000
