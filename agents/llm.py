@@ -13,9 +13,10 @@ Contracts:
 - **Bounded time.** Every HTTP request has ``config.timeout`` in all, from its connection to
   the last byte of the answer (:class:`_Deadline`): each read and write waits at most what is
   left, so a server that trickles its answer a byte at a time, each within any per-read timeout,
-  is cut off when the request's time is up, like one that never answers. (A proxy that the
-  environment names, HTTPS_PROXY and the like, keeps the client's per-read timeouts only.) The
-  client's own retries are off; this module retries so that Retry-After is respected:
+  is cut off when the request's time is up, like one that never answers. A proxy that the
+  environment names (HTTPS_PROXY, NO_PROXY and the like) is used as httpx uses it, its
+  connections bounded the same way. The client's own retries are off; this module retries so
+  that Retry-After is respected:
 
   ======================================  ==================================================
   answer                                  what happens
@@ -380,16 +381,21 @@ class _DeadlineBackend:
 
 
 def _http_client(deadline: _Deadline, timeout: float) -> httpx2.Client:
-    """The HTTP client of one turn: httpx's own transport on a connection pool whose
-    connections keep `deadline` (the pool is what the transport builds, with the backend)."""
-    import httpcore2
+    """The HTTP client of one turn, as httpx builds it, the proxies the environment names
+    mounted as usual; each of its connection pools, the direct one and each proxy's, opens its
+    connections through a backend that keeps `deadline`. (A client given a transport of its
+    own ignores the environment's proxies: a host that reaches its model only through one
+    could not reach it at all.)"""
     import httpx2
 
-    transport = httpx2.HTTPTransport()
-    transport._pool = httpcore2.ConnectionPool(  # the one way in for a backend
-        ssl_context=httpx2.create_ssl_context(),
-        network_backend=cast("httpcore2.NetworkBackend", _DeadlineBackend(deadline)))
-    return httpx2.Client(transport=transport, timeout=timeout, follow_redirects=True)
+    client = httpx2.Client(timeout=timeout, follow_redirects=True)
+    backend = cast("httpcore2.NetworkBackend", _DeadlineBackend(deadline))
+    for transport in (client._transport, *client._mounts.values()):
+        if transport is not None:  # None: a NO_PROXY host, sent through client._transport
+            # httpx's own transports (direct, HTTP or SOCKS proxy) keep an httpcore pool that
+            # reads its backend when it opens a connection: the one way in for a backend.
+            cast("httpx2.HTTPTransport", transport)._pool._network_backend = backend
+    return client
 
 
 # --- the turn ------------------------------------------------------------------------------

@@ -44,8 +44,8 @@ class AgentRun(models.Model):
         help_text="The experiment the run waits for; its end wakes the run.")
     provider_failing_since = models.DateTimeField(
         null=True, blank=True,
-        help_text="When the model endpoint began failing (5xx, timeouts, refused connections); "
-                  "cleared by the next answer.")
+        help_text="When the model endpoint began failing (5xx, timeouts, refused connections, "
+                  "429s): the retry window's start; cleared by the next answer.")
     progress_floor = models.PositiveIntegerField(
         default=0, help_text="The 'no progress' check reads only experiments after this id "
                              "(set on Resume: a fresh allowance).")

@@ -280,53 +280,69 @@ def _first_line(content: str | None) -> str:
 
 def _fault(run: AgentRun, fault: Fault) -> StepOutcome:
     """A rate limit waits as the server asks; a transient fault is retried with backoff (or
-    the server's Retry-After) for LLM_RETRY_SECONDS counted from the first failure, the
-    last retry at the window's end, so the run pauses with the reason (Resume retries) within
-    the window and one request's timeout; anything else (a 401, a 404: no retry
-    fixes it) ends the run."""
-    if fault.rate_limited and fault.retry_after is not None:
-        return _rate_limited(run, fault.retry_after, fault.error)
+    the server's Retry-After); both for LLM_RETRY_SECONDS counted from the first failure or
+    429 (provider_failing_since), the last retry at the window's end, so the run pauses with
+    the reason (Resume retries) within the window and one request's timeout; anything else
+    (a 401, a 404: no retry fixes it) ends the run."""
     if not fault.transient:
         return StepOutcome(f"The model endpoint refused the request: {fault.error}",
                            "llm.error", counts=False,
                            finish=Finish(AgentRun.Status.FAILED,
                                          f"the model endpoint refused the request: "
                                          f"{fault.error}"))
+    rate_limited = fault.rate_limited and fault.retry_after is not None
+    counter = "rate_limited_in_row" if rate_limited else "provider_attempts"
+    run.state[counter] = int(run.state.get(counter, 0)) + 1
     now = timezone.now()
     since = run.provider_failing_since or now
     run.provider_failing_since = since
-    attempts = int(run.state.get("provider_attempts", 0)) + 1
-    run.state["provider_attempts"] = attempts
-    window = timedelta(seconds=settings.LLM_RETRY_SECONDS)
-    if now - since >= window:
-        run.provider_failing_since = None
-        run.state.pop("provider_attempts", None)
-        reason = (f"the model endpoint has failed for {_duration(now - since)} "
-                  f"({attempts} tries): {fault.error}. Resume retries")
-        return StepOutcome(f"Paused: {reason}.", "llm.error", counts=False, pause=reason)
+    left = (since + timedelta(seconds=settings.LLM_RETRY_SECONDS) - now).total_seconds()
+    if left <= 0:
+        return _paused_for_provider(run, now - since, fault.error)
+    if rate_limited:
+        return _rate_limited(run, fault.retry_after or 0.0, fault.error, max(left, 0.1))
+    attempts = int(run.state["provider_attempts"])
     backoff = max(min(RETRY_FIRST_WAIT * 2 ** (attempts - 1), RETRY_LONGEST_WAIT),
                   fault.retry_after or 0.0)
-    wait = min(backoff, max((since + window - now).total_seconds(), 0.1))
+    wait = min(backoff, max(left, 0.1))
     return StepOutcome(f"The model endpoint failed ({fault.error}); retrying in {wait:.0f} s.",
                        "llm.retry", retry=Wait(wait, attempts, fault.error))
 
 
-def _rate_limited(run: AgentRun, retry_after: float, error: str) -> StepOutcome:
-    """A 429 waits as the server asks, however long the storm: a rate limit is not a fault,
-    and the run's wall-time budget bounds it. In a storm (429 after 429, no answer between)
-    the waits also grow as a provider fault's backoff does, from the second 429 on, so that a
+def _paused_for_provider(run: AgentRun, failing: timedelta, error: str) -> StepOutcome:
+    """The retry window is spent: the run pauses saying how long and how many requests the
+    endpoint failed or rate-limited, and Resume starts a fresh window and fresh counts."""
+    attempts = int(run.state.pop("provider_attempts", 0))
+    tries = attempts + int(run.state.pop("rate_limited_in_row", 0))
+    run.provider_failing_since = None
+    what = "failed" if attempts else "rate-limited every request"
+    reason = (f"the model endpoint has {what} for {_duration(failing)} ({tries} tries): "
+              f"{error}. Resume retries")
+    return StepOutcome(f"Paused: {reason}.", "llm.error", counts=False, pause=reason)
+
+
+def _rate_limited(run: AgentRun, retry_after: float, error: str,
+                  window_left: float) -> StepOutcome:
+    """A 429 waits as the server asks. In a storm (429 after 429, no answer between) the
+    waits also grow as a provider fault's backoff does, from the second 429 on, so that a
     server saying "retry in 0 s" forever is not asked hundreds of times a minute; and only
     the 1st, 2nd, 4th, 8th ... 429 in a row is an event on the run page, saying how many.
-    Its attempt stays 0: attempts count a provider's faults, and a rate limit is none."""
-    in_row = int(run.state.get("rate_limited_in_row", 0)) + 1
-    run.state["rate_limited_in_row"] = in_row
+    No wait goes past the retry window's end: an endpoint that rate-limits every request for
+    the whole window (an account out of quota answers 429 to each: OpenAI's
+    insufficient_quota) pauses the run as a failing one does, instead of keeping it waiting
+    until its wall-time budget is spent. Its attempt stays 0: attempts count a provider's
+    faults, and a rate limit is none."""
+    in_row = int(run.state["rate_limited_in_row"])
     floor = 0.0 if in_row == 1 else min(RETRY_FIRST_WAIT * 2 ** (in_row - 2), RETRY_LONGEST_WAIT)
-    wait = max(retry_after, floor)
+    wanted = max(retry_after, floor)
+    wait = min(wanted, window_left)
     storm = f" ({in_row} rate limits in a row)" if in_row > 1 else ""
-    summary = (f"Rate limited{storm}: the model asked to retry in {wait:.0f} s."
-               if wait == retry_after else
-               f"Rate limited{storm}: retrying in {wait:.0f} s (the model asked for "
-               f"{retry_after:.0f} s).")
+    if wait == retry_after:
+        summary = f"Rate limited{storm}: the model asked to retry in {wait:.0f} s."
+    else:
+        end = ", at the retry window's end" if wait < wanted else ""
+        summary = (f"Rate limited{storm}: retrying in {wait:.0f} s{end} (the model asked for "
+                   f"{retry_after:.0f} s).")
     return StepOutcome(summary, "llm.wait",
                        retry=Wait(wait, 0, error, quiet=in_row & (in_row - 1) != 0))
 

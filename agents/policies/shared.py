@@ -176,12 +176,17 @@ def agent_finished(run: AgentRun, summary: str) -> Finish:
     return Finish(AgentRun.Status.SUCCEEDED, f"submitted change {change.pk}: {summary}")
 
 
-def failing_checks(experiment: Experiment) -> list[str]:
-    """Each failing correctness or integrity finding of the experiment, as 'title: detail':
-    what refuses it as a change's evidence and keeps it from counting as progress."""
-    return [f"{f['title']}: {str(f.get('detail', ''))[:200]}"
-            for f in experiment.feedback.get("findings", [])
+def failing_check_findings(experiment: Experiment) -> list[dict[str, Any]]:
+    """The experiment's failing correctness and integrity findings: what refuses it as a
+    change's evidence, and what compare_experiments tells two experiments apart by."""
+    return [f for f in experiment.feedback.get("findings", [])
             if f["layer"] in ("correctness", "integrity") and f["severity"] == "fail"]
+
+
+def failing_checks(experiment: Experiment) -> list[str]:
+    """Each failing correctness or integrity finding of the experiment, as 'title: detail'."""
+    return [f"{f['title']}: {str(f.get('detail', ''))[:200]}"
+            for f in failing_check_findings(experiment)]
 
 
 def criteria_verdicts(experiment: Experiment) -> list[dict[str, Any]]:

@@ -431,7 +431,7 @@ def _submit(run: AgentRun, trials: list[dict[str, Any]], spec: dict[str, Any]) -
         text = "No configuration beat the base; nothing to submit."
         return StepOutcome(text, "finish", _call("finish", {}, True, text),
                            verdict=NOTHING_BEAT_THE_BASE,
-                           finish=Finish(AgentRun.Status.FINISHED, NOTHING_BEAT_THE_BASE))
+                           finish=Finish(AgentRun.Status.FINISHED, _submitted(run, None)))
     experiment = Experiment.objects.get(pk=best["experiment"])
     improvement = (1 - best["objective"]) * 100
     missed = _missed_criteria(experiment)
@@ -465,9 +465,13 @@ def _missed_criteria(experiment: Experiment) -> list[str]:
             for verdict in criteria_verdicts(experiment) if not verdict["passed"]]
 
 
-def _submitted(run: AgentRun, change: int) -> str:
-    """The ending's words: a person's stop submits the best configuration so far."""
+def _submitted(run: AgentRun, change: int | None) -> str:
+    """The ending's words: the change submitted (None: nothing beat the base), and who
+    stopped the search where a person did (the best configuration so far is submitted)."""
     stopped_by = run.state.get("stopped_by")
+    if change is None:
+        return (f"stopped by {stopped_by}: {NOTHING_BEAT_THE_BASE}" if stopped_by
+                else NOTHING_BEAT_THE_BASE)
     if stopped_by:
         return f"stopped by {stopped_by}, best so far submitted: change {change}"
     return f"submitted change {change}"

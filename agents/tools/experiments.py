@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 
-from agents.policies.shared import pinned_manifest
+from agents.policies.shared import failing_check_findings, pinned_manifest
 from agents.tools.base import ToolContext, ToolError, ToolResult, tool
 from agents.tools.run import run_experiment_of, the_run
 from agents.tools.schema import MAX_ID, integer, obj, string
@@ -314,18 +314,12 @@ def _header(experiment: Experiment) -> str:
             + (f" (cells {variants})" if variants else "") + f"; verdict: {verdict}")
 
 
-def _failing_checks(experiment: Experiment) -> list[str]:
-    """The titles of the experiment's failing correctness and integrity findings, one per
-    case: two experiments failing one cause at different cases differ by those cases."""
-    return [title for f in experiment.feedback.get("findings", [])
-            if f["layer"] in ("correctness", "integrity") and f["severity"] == "fail"
-            for title in case_titles(f)]
-
-
 def _checks_differ(pair: tuple[Experiment, Experiment]) -> list[str]:
     """The correctness and integrity checks that fail in one experiment and not the other:
-    a verdict as much as a metric's."""
-    first, second = (set(_failing_checks(e)) for e in pair)
+    a verdict as much as a metric's. One per case: two experiments failing one cause at
+    different cases differ by those cases."""
+    first, second = ({title for f in failing_check_findings(e) for title in case_titles(f)}
+                     for e in pair)
     return ([f"{title}: fails in #{pair[0].pk}, not in #{pair[1].pk}"
              for title in sorted(first - second)]
             + [f"{title}: fails in #{pair[1].pk}, not in #{pair[0].pk}"

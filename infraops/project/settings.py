@@ -290,9 +290,10 @@ try:
     # Seconds a run keeps retrying a failing model endpoint (5xx, timeouts, refused
     # connections) before it pauses with the reason; Resume retries again.
     LLM_RETRY_SECONDS = _read("INFRAOPS_LLM_RETRY_SECONDS", "float", 300.0)
-    # Seconds one request to the model endpoint may take (connecting, and each wait for the
-    # answer's bytes); a step sends one request, so this is the longest an agent worker is
-    # held by an endpoint that accepts and never answers. By default 60 s, or half the task
+    # Seconds one request to the model endpoint may take in all, from connecting to the
+    # answer's last byte (agents/llm.py); a step sends one request, so this is the longest an
+    # agent worker is held by an endpoint that never answers or trickles its answer a byte at
+    # a time. By default 60 s, or half the task
     # time limit where that is shorter (a step must end inside its task's limit).
     LLM_TIMEOUT = _read("INFRAOPS_LLM_TIMEOUT", "float", min(60.0, max(TASK_TIME_LIMIT, 2) / 2))
     # The most one probe execution's sandbox may take (infraops/experiments/sandbox/config.py,

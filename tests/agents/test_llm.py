@@ -411,6 +411,25 @@ class Trickler:
                     time.sleep(self.every)
 
 
+def turn_in_a_thread(cfg: LLMConfig) -> BaseException | LLMReply:
+    """chat() in a thread of its own, its answer or error: a turn that a trickled answer
+    held fails the test after a generous two minutes instead of hanging it."""
+    outcome: list[BaseException | LLMReply] = []
+
+    def turn() -> None:
+        try:
+            outcome.append(chat(cfg, HELLO, []))
+        except BaseException as exc:  # handed to the test thread
+            outcome.append(exc)
+
+    worker = threading.Thread(target=turn, daemon=True)
+    worker.start()
+    worker.join(timeout=120)
+    assert not worker.is_alive(), "the trickled answer held the turn"
+    [result] = outcome
+    return result
+
+
 @pytest.mark.parametrize("head_at_once", [True, False], ids=["body", "head"])
 def test_an_answer_trickled_a_byte_at_a_time_is_cut_off_when_the_request_s_time_is_up(
     head_at_once: bool,
@@ -418,25 +437,29 @@ def test_an_answer_trickled_a_byte_at_a_time_is_cut_off_when_the_request_s_time_
     """Each byte comes within the 1 s timeout, so a per-read timeout never trips; the whole
     answer would take minutes. The turn ends with the timeout's error instead (the thread's
     generous deadline is the test's guard, not a bound on the time)."""
-    outcome: list[BaseException | LLMReply] = []
     with Trickler(head_at_once=head_at_once) as server:
         cfg = LLMConfig(base_url=server.base_url, api_key=API_KEY, model="m", timeout=1.0,
                         max_retries=0)
-
-        def turn() -> None:
-            try:
-                outcome.append(chat(cfg, HELLO, []))
-            except BaseException as exc:  # handed to the test thread
-                outcome.append(exc)
-
-        worker = threading.Thread(target=turn, daemon=True)
-        worker.start()
-        worker.join(timeout=120)
-        assert not worker.is_alive(), "the trickled answer held the turn"
-    [error] = outcome
+        error = turn_in_a_thread(cfg)
     assert isinstance(error, LLMError) and error.transient
     assert "did not answer within 1 s" in str(error)
     assert 0 < server.sent < 1000  # cut off after some bytes, long before the answer's end
+
+
+def test_a_proxy_the_environment_names_is_used_and_its_answer_keeps_the_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HTTP_PROXY names a proxy that trickles its answer: the request goes through it (the
+    endpoint's own name does not resolve, so no answer could come any other way) and is cut
+    off when the request's time is up, as without a proxy."""
+    with Trickler(head_at_once=True) as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.base_url.removesuffix("/v1"))
+        cfg = LLMConfig(base_url="http://model.invalid/v1", api_key=API_KEY, model="m",
+                        timeout=1.0, max_retries=0)
+        error = turn_in_a_thread(cfg)
+
+    assert isinstance(error, LLMError) and "did not answer within 1 s" in str(error)
+    assert proxy.sent > 0
 
 
 def test_an_unreachable_endpoint_raises_llm_error() -> None:

@@ -1,12 +1,14 @@
 """Honest endings and honest progress: a change its own evidence finds wrong is refused with
-the findings listed; a run ends in words that say what happened; a candidate with an
-integrity failure never counts as progress; refusals in a row are stuck."""
+the findings listed; a run ends in words that say what happened (the LLM agent's submission
+itself: tests/agents/test_llm_runs.py); a candidate with an integrity failure never counts as
+progress; refusals in a row are stuck."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from django.contrib.auth.models import User
 
 from agents.models import AgentRun
@@ -16,7 +18,7 @@ from agents.scripted.endpoint import OpenAIStub, completion
 from infraops.models import Experiment, Goal
 from reviews.models import Change
 from tests.agents.test_llm_runs import call, scripted_run, step
-from tests.factories import ExperimentFactory
+from tests.factories import ChangeFactory, ExperimentFactory
 
 MISMATCH = {"layer": "correctness", "kind": "output-mismatch", "severity": "fail",
             "title": "latency-bench case warm mismatch", "detail": "max abs error 3.0 > 1e-06",
@@ -87,17 +89,25 @@ def test_a_run_the_agent_finishes_without_a_change_says_nothing_was_submitted(
     assert run.stop_reason == "nothing submitted: batching does not help here"
 
 
+@pytest.mark.parametrize("submitted", [False, True], ids=["nothing", "a-change"])
 def test_a_run_out_of_budget_says_what_it_submitted(
-    stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
+    submitted: bool, stub: OpenAIStub, llm_goal: Callable[..., Goal], engineer: User,
     django_capture_on_commit_callbacks: Any,
 ) -> None:
     run = scripted_run(stub, llm_goal(max_steps=1), engineer, [completion(tool_calls=[
         call("list_files")])], django_capture_on_commit_callbacks)
+    if submitted:
+        run.changes.add(ChangeFactory.create(target=run.target))
     with django_capture_on_commit_callbacks(execute=False):
         run = step(run)
 
-    assert run.status == AgentRun.Status.FAILED
-    assert run.stop_reason == "step budget spent (1 steps); nothing submitted"
+    if submitted:
+        assert run.status == AgentRun.Status.SUCCEEDED
+        assert run.stop_reason == ("step budget spent (1 steps); best so far submitted: "
+                                   f"change {run.changes.get().pk}")
+    else:
+        assert run.status == AgentRun.Status.FAILED
+        assert run.stop_reason == "step budget spent (1 steps); nothing submitted"
 
 
 def test_a_person_stopping_the_tuner_reads_stopped_best_so_far_submitted(

@@ -3,7 +3,8 @@ says (tests/agents/openai_spec.py: the vendored schema and the server's own rule
 requests of whole scripted runs are recorded by the local stub and each is validated. Then
 the two traps a real server sets that the stub alone would let through: an answer with no
 tool call sent back as ``"tool_calls": []`` (400 ``empty_array``), and an answer cut at the
-model's output limit (``finish_reason: "length"``)."""
+model's output limit (``finish_reason: "length"``). Last, the validator on requests a real
+server refuses: a contract test passes vacuously on a validator that finds nothing."""
 
 from __future__ import annotations
 
@@ -130,3 +131,37 @@ def test_an_answer_cut_at_the_length_limit_is_not_run_and_the_model_is_asked_aga
     assert not any(m.get("tool_calls") for m in second if m["role"] == "assistant")
     told = [m["content"] for m in second if m["role"] == "user" and "cut off" in m["content"]]
     assert told and "length" in told[0] and "not run" in told[0]
+
+
+# --- the validator itself: what a real server refuses, it finds ------------------------------
+
+ASKED = {"role": "user", "content": "Make it faster."}
+A_TOOL = {"type": "function", "function": {
+    "name": "list_files", "description": "List files.",
+    "parameters": {"type": "object", "properties": {"glob": {"type": "string"}}}}}
+VALID = {"model": "m", "messages": [ASKED], "tools": [A_TOOL], "tool_choice": "auto"}
+
+
+@pytest.mark.parametrize(("change", "found"), [
+    ({"messages": [ASKED, {"role": "assistant", "content": "ok", "tool_calls": []}]},
+     "/messages/1/tool_calls: empty array"),
+    ({"tools": []}, "/tools: empty array"),
+    ({"messages": [ASKED, {"role": "assistant", "content": None}]},
+     "messages/1: an assistant message with neither content nor tool calls"),
+    ({"messages": [ASKED, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]},
+     "messages/1: a tool result answers no open call"),
+    ({"messages": [ASKED, {"role": "assistant", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "list_files",
+                                                          "arguments": "{}"}}]}, ASKED]},
+     "messages/2: calls ['call_1'] got no result"),
+    ({"tool_choice": "sometimes"}, "tool_choice: "),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages/0: "),
+], ids=["empty-tool-calls", "empty-tools", "assistant-says-nothing", "result-without-call",
+        "call-without-result", "bad-tool-choice", "unknown-role"])
+def test_the_validator_finds_what_openai_s_server_refuses(change: dict[str, Any],
+                                                          found: str) -> None:
+    """The contract test above is only as good as its validator: a request the server would
+    answer with 400 gives a problem here, and the same request without the fault gives none."""
+    assert request_problems(VALID) == []
+    problems = request_problems(VALID | change)
+    assert any(problem.startswith(found) for problem in problems), problems

@@ -101,6 +101,7 @@ def test_a_scripted_llm_run_edits_experiments_and_submits_a_change_for_review(
     assert run.step_count == 5
     assert run.tokens_used == 1000 + 50 + 1200 + 40 + 1300 + 20 + 1500 + 30 + 900 + 10
     change = Change.objects.get()
+    assert run.stop_reason == f"submitted change {change.pk}: submitted"  # what it submitted
     assert change.status == Change.Status.PENDING_REVIEW  # config/** is production risk
     assert "+batch_size = 8" in change.diff
     assert Hypothesis.objects.get(run=run).author is None  # the agent's own entry

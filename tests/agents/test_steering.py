@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import Client
 
 from agents import services
 from agents.models import AgentRun, RunMessage
@@ -124,8 +125,35 @@ def test_stop_ends_the_search_and_nothing_better_finishes_not_failed(
     run = tuner_step(run, django_capture_on_commit_callbacks)
 
     assert run.status == AgentRun.Status.FINISHED
-    assert run.stop_reason == "nothing beat the base"
+    assert run.stop_reason == f"stopped by {engineer}: nothing beat the base"
     assert not run.experiments.exists()
+
+
+def test_a_person_s_stop_submits_the_best_so_far_and_the_run_page_reads_stopped(
+    example_goal: Goal, engineer: User, django_capture_on_commit_callbacks: Any, client: Client,
+) -> None:
+    """'stop' ended a run 'succeeded' on its own page as if the search had reached its end;
+    the ending's words and the status say that a person stopped it."""
+    run = tuner_run(example_goal, engineer, django_capture_on_commit_callbacks)
+    params = {"batch_size": "16"}
+    commit = tuner._commit_configuration(run, tuner.turnable(run), params)
+    experiment = ExperimentFactory(
+        target=run.target, candidate_commit=commit, baseline_commit=run.base_commit,
+        status=Experiment.Status.SUCCEEDED, feedback={"findings": []})
+    AgentRun.objects.filter(pk=run.pk).update(state={"trials": [
+        {"number": 1, "params": params, "objective": 0.8, "commit": commit,
+         "experiment": experiment.pk}]})
+    run_message_add(run=run, user=engineer, text="stop")
+
+    run = tuner_step(run, django_capture_on_commit_callbacks)
+    client.force_login(engineer)
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+
+    change = run.changes.get()
+    assert run.stop_reason == f"stopped by {engineer}, best so far submitted: change {change.pk}"
+    badge = page[page.index('<span id="run-status"'):]
+    assert badge.startswith('<span id="run-status" class="badge stopped"')
+    assert badge[:badge.index("</span>")].endswith(">stopped")
 
 
 def test_a_tuner_run_whose_trials_all_lose_finishes_nothing_beat_the_base(
