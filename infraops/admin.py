@@ -18,10 +18,13 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin
 from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
 from django.core.validators import MinValueValidator
 from django.db.models import Count, QuerySet
 from django.forms.models import BaseInlineFormSet, BaseModelFormSet
 from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.utils import timezone
 
 from infraops.access import (
     NOT_FOUND,
@@ -31,7 +34,12 @@ from infraops.access import (
 )
 from infraops.errors import DomainError
 from infraops.experiments.fleet import queues_parse, worker_register, worker_revoke, worker_state
-from infraops.grants import membership_grant, membership_stamp, roles_changed_audit
+from infraops.grants import (
+    grant_policy_set,
+    membership_grant,
+    membership_stamp,
+    roles_changed_audit,
+)
 from infraops.manifest import Manifest, Probe
 from infraops.models import (
     AcceptanceCriterion,
@@ -40,6 +48,7 @@ from infraops.models import (
     Experiment,
     Goal,
     GoalVersion,
+    GrantPolicy,
     SuperuserGrant,
     Target,
     TargetMembership,
@@ -606,6 +615,73 @@ class SuperuserGrantAdmin(RecordAdmin):
 
     list_display = ["user", "granted_by_label", "granted_at"]
     list_select_related = ["user"]
+
+
+class GrantPolicyForm(forms.ModelForm):  # type: ignore[type-arg]
+    class Meta:
+        model = GrantPolicy
+        fields = ["cooldown_hours"]
+
+
+@admin.register(GrantPolicy)
+class GrantPolicyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Separation of duties' cool-down: one row, admins (superusers) only. The list opens the
+    row; a save goes through grant_policy_set (audited; a lowering waits, GrantPolicy)."""
+
+    form = GrantPolicyForm
+    readonly_fields = ["in_force", "changed"]
+
+    def _admin(self, request: HttpRequest) -> bool:
+        return bool(getattr(request.user, "is_superuser", False))
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self._admin(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._admin(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._admin(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_object(self, request: HttpRequest, object_id: str,
+                   from_field: str | None = None) -> GrantPolicy | None:
+        return GrantPolicy.load() if object_id == str(GrantPolicy.SINGLETON) else None
+
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return redirect("admin:infraops_grantpolicy_change", GrantPolicy.SINGLETON)
+
+    @admin.display(description="in force now")
+    def in_force(self, policy: GrantPolicy) -> str:
+        now = timezone.now()
+        text = f"{policy.cooldown_at(now):g} hours"
+        if policy.cooldown_hours is None:
+            text += " (the default, INFRAOPS_REVIEW_GRANT_COOLDOWN_HOURS)"
+        if policy.held_until is not None and now < policy.held_until:
+            text += (f": it was lowered to {policy.cooldown_set:g} hours, which binds from "
+                     f"{timezone.localtime(policy.held_until):%Y-%m-%d %H:%M %Z}, once the "
+                     "cool-down it replaced has run its course")
+        return text
+
+    @admin.display(description="last changed")
+    def changed(self, policy: GrantPolicy) -> str:
+        if policy.changed_at is None:
+            return "never"
+        who = policy.changed_by.get_username() if policy.changed_by else "a deleted user"
+        return f"by {who} at {timezone.localtime(policy.changed_at):%Y-%m-%d %H:%M %Z}"
+
+    def save_model(self, request: HttpRequest, obj: GrantPolicy, form: Any,
+                   change: bool) -> None:
+        grant_policy_set(cooldown_hours=form.cleaned_data["cooldown_hours"],
+                         by=request.user)  # type: ignore[arg-type]
 
 
 @admin.register(AuditEntry)

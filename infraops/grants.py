@@ -3,8 +3,9 @@
 Separation of duties rests on these records (issue 27): "someone else reviews" must hold per
 person, not per account, so a reviewer whose rights on a target were granted by a run's
 starter, directly or through an admin that starter made, never decides that starter's
-changes; and rights younger than the cool-down (settings.REVIEW_GRANT_COOLDOWN_HOURS) decide
-nothing yet. Superusers are no exception: their reviewer rights come from a grant too.
+changes; and rights younger than the cool-down decide nothing yet (an admin sets it,
+GrantPolicy; the environment's INFRAOPS_REVIEW_GRANT_COOLDOWN_HOURS until then). Superusers
+are no exception: their reviewer rights come from a grant too.
 
 Contracts:
 - Every grant sets who granted it and when, and writes one audit entry: `membership_grant`
@@ -13,6 +14,8 @@ Contracts:
 - `by=None` is the operator at the command line (a management command, `by_label` naming
   it): the operator can change the database itself, so separation of duties is the web's
   rule, and such grants are not held to the cool-down.
+- The cool-down's changes are audited as grants are (`grant_policy_set`,
+  `grant_policy.cooldown`).
 - A grant with no record (a row from before grants were recorded, or written outside these
   functions, as `createsuperuser` does) is shown as "not recorded" and treated as the
   operator's.
@@ -21,14 +24,21 @@ Contracts:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.utils import timezone
 
-from infraops.models import SuperuserGrant, Target, TargetMembership
+from infraops.errors import DomainError
+from infraops.models import (
+    MAX_COOLDOWN_HOURS,
+    GrantPolicy,
+    SuperuserGrant,
+    Target,
+    TargetMembership,
+)
 from infraops.roles import REVIEWER
 from infraops.services.audit import audit_record
 
@@ -161,14 +171,36 @@ def granted_through(grant: Grant, person_id: int) -> list[str]:
     return []
 
 
-def cooldown() -> timedelta:
-    return timedelta(hours=settings.REVIEW_GRANT_COOLDOWN_HOURS)
+def grant_policy_set(*, cooldown_hours: float | None, by: User) -> GrantPolicy:
+    """Set the cool-down of separation of duties (None: the environment's default again),
+    audited as grants are. A lowered one binds once the one in force has run its course
+    from now (GrantPolicy.cooldown_replace); a raised one at once."""
+    if cooldown_hours is not None and not 0 <= cooldown_hours <= MAX_COOLDOWN_HOURS:
+        raise DomainError(f"A cool-down is between 0 and {MAX_COOLDOWN_HOURS:,} hours (a "
+                          f"year); {cooldown_hours:g} is not. Nothing was changed.")
+    with transaction.atomic():
+        GrantPolicy.objects.get_or_create(pk=GrantPolicy.SINGLETON)
+        policy = GrantPolicy.objects.select_for_update().get(pk=GrantPolicy.SINGLETON)
+        before = policy.cooldown_hours
+        if before == cooldown_hours:
+            return policy
+        now = timezone.now()
+        policy.cooldown_replace(cooldown_hours, now)
+        policy.changed_by, policy.changed_at = by, now
+        policy.save()
+        audit_record(actor=by, action="grant_policy.cooldown", obj=policy,
+                     data={"before": before, "after": cooldown_hours,
+                           "in_force": policy.cooldown_at(now),
+                           "held_until": policy.held_until.isoformat()
+                           if policy.held_until else None})
+    return policy
 
 
 def separation_problem(user: User, target_id: int, starter: User | None) -> str | None:
     """Why `user`'s reviewer rights on the target may not decide a change whose run
     `starter` started, in a sentence; None when they may."""
     now = timezone.now()
+    policy: GrantPolicy | None = None  # read only for rights a person granted
     for grant in reviewer_grants(user, target_id):
         chain = granted_through(grant, starter.pk) if starter is not None else []
         if chain:
@@ -176,11 +208,13 @@ def separation_problem(user: User, target_id: int, starter: User | None) -> str 
             return (f"Your {grant.via} was granted by {how}: {starter} started the run that "
                     "wrote this change, and rights they granted never decide their changes. "
                     "A reviewer whose rights someone else granted decides.")
-        if grant.granted_by_id is not None and grant.granted_at is not None and \
-                now - grant.granted_at < cooldown():
-            ready = timezone.localtime(grant.granted_at + cooldown())
+        if grant.granted_by_id is None or grant.granted_at is None:
+            continue
+        policy = policy or GrantPolicy.load()
+        ready = policy.decides_from(grant.granted_at)
+        if now < ready:
             return (f"Your {grant.via} was granted by {grant.granted_by} at "
                     f"{timezone.localtime(grant.granted_at):%Y-%m-%d %H:%M %Z}: rights younger "
-                    f"than {settings.REVIEW_GRANT_COOLDOWN_HOURS:g} hours decide no change yet "
-                    f"(from {ready:%Y-%m-%d %H:%M %Z}).")
+                    f"than {policy.cooldown_at(now):g} hours decide no change yet (from "
+                    f"{timezone.localtime(ready):%Y-%m-%d %H:%M %Z}).")
     return None

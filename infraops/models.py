@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import re
+from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,82 @@ class SuperuserGrant(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} made a superuser by {self.granted_by_label}"
+
+
+MAX_COOLDOWN_HOURS = 24 * 365
+
+
+class GrantPolicy(models.Model):
+    """How long granted rights wait before they decide a change: the cool-down of separation
+    of duties (infraops.grants), set by an admin. One row (pk 1), or none: the environment's
+    default (INFRAOPS_REVIEW_GRANT_COOLDOWN_HOURS) holds until an admin sets a value.
+
+    A lowered cool-down binds only once the one it replaced has run its course since the
+    change (`held_hours` until `held_until`): an admin who set it to 0 and at once made an
+    account a reviewer would otherwise have that account decide at once."""
+
+    SINGLETON = 1
+
+    cooldown_hours = models.FloatField(
+        "cool-down (hours)", null=True, blank=True,
+        validators=[MinValueValidator(0), MaxValueValidator(MAX_COOLDOWN_HOURS)],
+        help_text="Reviewer rights a person granted less than this many hours ago decide no "
+                  "change yet (0: off). Blank: the server's default "
+                  "(INFRAOPS_REVIEW_GRANT_COOLDOWN_HOURS).")
+    held_hours = models.FloatField(default=0)
+    held_until = models.DateTimeField(null=True, blank=True)
+    changed_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    changed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = verbose_name_plural = "separation of duties"
+        constraints = [models.CheckConstraint(condition=models.Q(pk=1),
+                                              name="grant_policy_one_row")]
+
+    def __str__(self) -> str:
+        return "Separation of duties"
+
+    @classmethod
+    def load(cls) -> GrantPolicy:
+        """The row, or an unsaved one with the defaults when no admin set anything yet."""
+        return cls.objects.filter(pk=cls.SINGLETON).first() or cls(pk=cls.SINGLETON)
+
+    @property
+    def cooldown_set(self) -> float:
+        """The cool-down as set: the admin's value, else the environment's default."""
+        if self.cooldown_hours is None:
+            return float(settings.REVIEW_GRANT_COOLDOWN_HOURS)
+        return self.cooldown_hours
+
+    def cooldown_at(self, when: datetime) -> float:
+        """The cool-down in force at `when`, in hours: the one set, or the one a lowering
+        replaced while that one still runs."""
+        held = self.held_hours if self.held_until is not None and when < self.held_until else 0
+        return max(self.cooldown_set, held)
+
+    def decides_from(self, granted_at: datetime) -> datetime:
+        """When rights granted at `granted_at` decide their first change: once the cool-down
+        set has passed, and the one held has passed or stopped holding."""
+        ready = granted_at + timedelta(hours=self.cooldown_set)
+        if self.held_until is not None:
+            held = min(granted_at + timedelta(hours=self.held_hours), self.held_until)
+            ready = max(ready, held)
+        return ready
+
+    def cooldown_replace(self, hours: float | None, now: datetime) -> None:
+        """Set the cool-down (None: the default again). The one it replaces still holds for
+        as long as it lasts from now, and so does a hold already running: kept as one hold,
+        the longer hours until the later end, never shorter than each."""
+        holds = [(self.cooldown_set, now + timedelta(hours=self.cooldown_set))]
+        if self.held_until is not None and now < self.held_until:
+            holds.append((self.held_hours, self.held_until))
+        self.cooldown_hours = hours
+        held = max(hours_held for hours_held, _ in holds)
+        if held > self.cooldown_set:
+            self.held_hours, self.held_until = held, max(until for _, until in holds)
+        else:
+            self.held_hours, self.held_until = 0, None
 
 
 class Goal(models.Model):

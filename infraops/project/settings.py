@@ -354,8 +354,9 @@ try:
     RATE_START_RUN_PER_MIN = _read("INFRAOPS_RATE_START_RUN_PER_MIN", "int", 100)
     # Separation of duties (infraops/grants.py): a reviewer's rights on a target granted
     # less than this many hours ago decide no change yet, so an admin cannot make a fresh
-    # account and have it approve at once; 0 turns the cool-down off. Grants made by the
-    # operator at the command line (adduser, the first start's users) are not held to it.
+    # account and have it approve at once; 0 turns the cool-down off. The default until an
+    # admin sets one in the admin editor (GrantPolicy). Grants made by the operator at the
+    # command line (adduser, the first start's users) are not held to it.
     REVIEW_GRANT_COOLDOWN_HOURS = _read("INFRAOPS_REVIEW_GRANT_COOLDOWN_HOURS", "float", 24.0)
     if not 0 <= REVIEW_GRANT_COOLDOWN_HOURS <= 24 * 365:
         raise _ConfigError(f"INFRAOPS_REVIEW_GRANT_COOLDOWN_HOURS={REVIEW_GRANT_COOLDOWN_HOURS:g} "

@@ -58,9 +58,9 @@ ADMIN_KINDS: dict[str, type[models.Model]] = {
 # log (model permissions decide those, the same for every id), the skeleton library.
 NOT_TARGET_ROWS = {"auth.user", "auth.group", "reviews.reviewerprofile", "infraops.auditentry",
                    "skeletons.skeleton", "infraops.worker",
-                   # who made whom a superuser: admins only (tests/reviews/
-                   # test_separation_of_duties.py)
-                   "infraops.superusergrant"}
+                   # who made whom a superuser, and the cool-down: admins only
+                   # (tests/reviews/test_separation_of_duties.py)
+                   "infraops.superusergrant", "infraops.grantpolicy"}
 # Site pages of rows that belong to no target: the skeleton library, by slug. What they show
 # of targets' objects is scoped (tests/skeletons/test_skeletons.py).
 NOT_TARGET_PAGES = {"skeletons:detail", "skeletons:promote"}

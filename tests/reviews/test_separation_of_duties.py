@@ -16,7 +16,7 @@ from django.test import Client
 from django.utils import timezone
 
 from infraops.grants import membership_grant, superuser_grant
-from infraops.models import AuditEntry, SuperuserGrant, Target, TargetMembership
+from infraops.models import AuditEntry, GrantPolicy, SuperuserGrant, Target, TargetMembership
 from reviews.models import Change, ReviewDecision
 from tests.factories import UserFactory
 
@@ -270,3 +270,97 @@ def test_only_admins_read_who_made_whom_a_superuser(client: Client, reviewer: Us
 
     # A reviewer is not staff: the admin sends them to its sign-in; an engineer is refused.
     assert seen == {reviewer.username: 302, engineer.username: 403, "root": 200}
+
+
+# --- the cool-down, set by an admin ----------------------------------------------------
+
+def set_cooldown(client: Client, hours: str) -> Any:
+    return client.post(f"/admin/infraops/grantpolicy/{GrantPolicy.SINGLETON}/change/",
+                       {"cooldown_hours": hours})
+
+
+def test_an_admin_sets_the_cool_down_in_the_admin_editor_and_a_raise_binds_at_once(
+    client: Client, config_change: Change, starter: User, settings: Any
+) -> None:
+    settings.REVIEW_GRANT_COOLDOWN_HOURS = 24  # the environment's default
+    admin = superuser("olga")
+    rae: User = UserFactory.create(username="rae3", roles=["reviewer"], member_of=[])
+    membership_grant(target=config_change.target, user=rae, role="reviewer", by=admin)
+    TargetMembership.objects.filter(user=rae).update(
+        granted_at=timezone.now() - timedelta(hours=30))
+    client.force_login(admin)
+    assert client.get("/admin/infraops/grantpolicy/").url == \
+        f"/admin/infraops/grantpolicy/{GrantPolicy.SINGLETON}/change/"
+    shown = words(client.get(f"/admin/infraops/grantpolicy/{GrantPolicy.SINGLETON}/change/")
+                  .content.decode())
+    assert "24 hours (the default, INFRAOPS_REVIEW_GRANT_COOLDOWN_HOURS)" in shown
+
+    saved = set_cooldown(client, "48")
+    client.force_login(rae)
+    refused = decide(client, config_change)
+
+    assert saved.status_code == 302
+    assert GrantPolicy.load().cooldown_hours == 48
+    entry = AuditEntry.objects.get(action="grant_policy.cooldown")
+    assert (entry.actor, entry.data["before"], entry.data["after"], entry.data["in_force"]) == (
+        admin, None, 48, 48)
+    assert refused.status_code == 403
+    assert "rights younger than 48 hours decide no change yet" in refused.content.decode()
+
+
+def test_a_lowered_cool_down_binds_only_once_the_one_it_replaced_has_run_its_course(
+    client: Client, config_change: Change, starter: User, settings: Any
+) -> None:
+    # Lowering it to 0 and at once making an account a reviewer would bypass it otherwise.
+    settings.REVIEW_GRANT_COOLDOWN_HOURS = 24
+    admin = superuser("olga")
+    client.force_login(admin)
+    assert set_cooldown(client, "0").status_code == 302
+    fresh: User = UserFactory.create(username="fresh2", roles=["reviewer"], member_of=[])
+    admin_add_member(client, config_change.target, fresh, "reviewer")
+    shown = words(client.get(f"/admin/infraops/grantpolicy/{GrantPolicy.SINGLETON}/change/")
+                  .content.decode())
+    client.force_login(fresh)
+
+    while_held = decide(client, config_change)
+    GrantPolicy.objects.update(held_until=timezone.now() - timedelta(seconds=1))
+    after_it_ran_out = decide(client, config_change, "reject")
+
+    assert "24 hours (the default, INFRAOPS_REVIEW_GRANT_COOLDOWN_HOURS)" not in shown
+    assert "24 hours: it was lowered to 0 hours, which binds from" in shown
+    assert while_held.status_code == 403
+    assert "rights younger than 24 hours decide no change yet" in while_held.content.decode()
+    assert after_it_ran_out.status_code == 302
+    assert ReviewDecision.objects.get(change=config_change).reviewer == fresh
+
+
+@pytest.mark.parametrize("hours, error", [
+    ("-1", "greater than or equal to 0"),
+    ("9000", "less than or equal to 8760"),
+    ("soon", "Enter a number"),
+    ("inf", "Enter a number"),
+], ids=["negative", "over-a-year", "not-a-number", "infinite"])
+def test_a_cool_down_out_of_range_is_refused_with_a_clear_error(
+    client: Client, hours: str, error: str, db: None
+) -> None:
+    client.force_login(superuser("olga"))
+
+    response = set_cooldown(client, hours)
+
+    assert response.status_code == 200
+    assert error in response.content.decode()
+    assert not GrantPolicy.objects.exists()
+    assert not AuditEntry.objects.filter(action="grant_policy.cooldown").exists()
+
+
+def test_only_admins_read_or_set_the_cool_down(client: Client, engineer: User) -> None:
+    User.objects.filter(pk=engineer.pk).update(is_staff=True)
+    client.force_login(engineer)
+
+    listed = client.get("/admin/infraops/grantpolicy/")
+    posted = set_cooldown(client, "0")
+    index = client.get("/admin/").content.decode()
+
+    assert (listed.status_code, posted.status_code) == (403, 403)
+    assert "grantpolicy" not in index
+    assert not GrantPolicy.objects.exists()
