@@ -16,9 +16,12 @@ Contracts:
   rule, and such grants are not held to the cool-down.
 - The cool-down's changes are audited as grants are (`grant_policy_set`,
   `grant_policy.cooldown`).
-- A grant with no record (a row from before grants were recorded, or written outside these
-  functions, as `createsuperuser` does) is shown as "not recorded" and treated as the
-  operator's.
+- A user created already a superuser (`createsuperuser`, a shell: no page of ours creates
+  one, the admin's add form has no such field) gets its grant from `superuser_created`, on
+  the user's first save, by the operator. Every other path makes the user first and a
+  superuser by a later save, and records that grant itself: each is recorded once.
+- A grant with no record (a row from before grants were recorded, or a superuser made by an
+  edit outside these functions) is shown as "not recorded" and treated as the operator's.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from infraops.roles import REVIEWER
 from infraops.services.audit import audit_record
 
 OPERATOR = "the operator (command line)"
+CREATED_SUPERUSER = "the operator (created as a superuser: createsuperuser or a shell)"
 NOT_RECORDED = "not recorded (before grants were recorded)"
 # A grantor's own rights are followed this far up (an admin made by an admin made by ...).
 MAX_CHAIN = 10
@@ -107,6 +111,14 @@ def superuser_grant(*, user: User, by: User | None, by_label: str = "") -> Super
                  action="user.superuser_grant", obj=user,
                  data={"user": user.get_username()})
     return grant
+
+
+def superuser_created(sender: Any, *, instance: User, created: bool, raw: bool = False,
+                      **kwargs: Any) -> None:
+    """post_save of a user: one created already a superuser gets its grant, by the operator
+    (see the contracts above). Fixtures loaded raw are records as they were."""
+    if created and not raw and instance.is_superuser:
+        superuser_grant(user=instance, by=None, by_label=CREATED_SUPERUSER)
 
 
 def roles_changed_audit(*, user: User, before: set[str], after: set[str], by: User | None,

@@ -7,6 +7,8 @@ decider's rights and when."""
 from __future__ import annotations
 
 from datetime import timedelta
+from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,10 +17,16 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
-from infraops.grants import membership_grant, superuser_grant
+from infraops.grants import (
+    CREATED_SUPERUSER,
+    membership_grant,
+    reviewer_grants,
+    superuser_grant,
+)
 from infraops.models import AuditEntry, GrantPolicy, SuperuserGrant, Target, TargetMembership
 from reviews.models import Change, ReviewDecision
 from tests.factories import UserFactory
+from tests.infraops.test_commands import prepare
 
 
 def superuser(name: str) -> User:
@@ -227,6 +235,49 @@ def test_every_grant_of_a_role_or_membership_is_an_audit_row(
     assert member.granted_by == admin and member.granted_at is not None
     cli = TargetMembership.objects.get(user__username="cli-user")
     assert cli.granted_by is None and cli.granted_by_label == "manage.py adduser"
+
+
+def make_superuser(path: str, client: Client, settings: Any, tmp_path: Path) -> User:
+    """A superuser named 'made', made the way `path` makes one."""
+    if path == "createsuperuser":
+        call_command("createsuperuser", "--noinput", username="made",
+                     email="made@example.test", stdout=StringIO())
+    elif path == "the admin":
+        client.force_login(superuser("root"))
+        added = client.post("/admin/auth/user/add/", {
+            "username": "made", "usable_password": "true",
+            "password1": "a long passphrase 1", "password2": "a long passphrase 1"})
+        assert added.status_code == 302, added.content.decode()[:3000]
+        made = User.objects.get(username="made")
+        changed = client.post(f"/admin/auth/user/{made.pk}/change/",
+                              user_form(made, is_staff=True, is_superuser=True))
+        assert changed.status_code == 302, changed.content.decode()[:3000]
+    else:  # the standalone's first start: its admin
+        prepare(settings, tmp_path, "--no-example")
+        User.objects.filter(username="admin").update(username="made")
+    return User.objects.get(username="made", is_superuser=True)
+
+
+@pytest.mark.parametrize("path, granted_by", [
+    ("createsuperuser", CREATED_SUPERUSER),
+    ("the admin", "root"),
+    ("the first start", "manage.py adduser"),
+], ids=["createsuperuser", "admin", "first-start"])
+def test_a_superuser_is_granted_on_record_exactly_once_whatever_made_them(
+    path: str, granted_by: str, client: Client, settings: Any, tmp_path: Path, db: None
+) -> None:
+    # createsuperuser wrote no grant: its superuser's rights read "not recorded".
+    made = make_superuser(path, client, settings, tmp_path)
+
+    grants = list(SuperuserGrant.objects.filter(user=made).values_list("granted_by_label",
+                                                                       flat=True))
+    audited = AuditEntry.objects.filter(action="user.superuser_grant",
+                                        object_id=str(made.pk))
+    assert grants == [granted_by]
+    assert list(audited.values_list("actor_label", flat=True)) == [granted_by]
+    rights = reviewer_grants(made, 0)
+    assert [(r.via, r.granted_by) for r in rights] == [("superuser", granted_by)]
+    assert rights[0].granted_at is not None
 
 
 def test_grants_the_operator_made_at_the_command_line_are_not_held_to_the_cool_down(
