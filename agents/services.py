@@ -503,15 +503,14 @@ class FollowUp:
 
 def changes_requested_deliver(*, decision_id: int) -> dict[str, Any]:
     """A reviewer requested changes: the comments reach an agent. The run that wrote the
-    change gets them as a message while it runs or is paused; once it ended, a follow-up run
-    on the same goal starts with them as its first message, in the name of the person who
-    started the first run, so the reviewer stays free to review what it submits. Where they
-    went (or why nowhere) is written on the decision, for the change page."""
+    change gets them as a message while it runs or is paused. Once it ended, a run already
+    active on the same goal gets them as a message (_to_goal_run); with none, a follow-up run
+    on the goal starts with them as its first message, in the name of the person who started
+    the first run, so the reviewer stays free to review what it submits. Where they went (or
+    why nowhere) is written on the decision, for the change page."""
     decision = ReviewDecision.objects.select_related("change__goal", "reviewer").get(
         pk=decision_id)
-    delivery = _to_live_run(decision)
-    if delivery is None:
-        delivery = _to_follow_up(decision)
+    delivery = _to_live_run(decision) or _to_goal_run(decision) or _to_follow_up(decision)
     ReviewDecision.objects.filter(pk=decision.pk).update(delivery=delivery)
     return delivery
 
@@ -529,18 +528,47 @@ def _to_live_run(decision: ReviewDecision) -> dict[str, Any] | None:
     return {"outcome": "message", "run": run.pk, "run_status": run.status}
 
 
+def _ended_run(change: Change) -> tuple[AgentRun | None, dict[str, Any]]:
+    """The change's own run, which has ended, and the delivery's words about it."""
+    ended = change.runs.order_by("-created_at").first()
+    return ended, ({"ended_run": ended.pk, "ended_status": ended.status} if ended else {})
+
+
+def _to_goal_run(decision: ReviewDecision) -> dict[str, Any] | None:
+    """The comments as a message to a run already active on the change's goal, the change's
+    own run having ended: a follow-up beside it would compete with it for the workers, and
+    their changes would conflict. A run that follows this change is where an earlier
+    delivery of this decision went (its record lost with a killed process): nothing is sent
+    again. None when no run is active on the goal, or there is nothing to say."""
+    change = decision.change
+    text = _comments_text(decision)
+    if change.goal_id is None or text is None:
+        return None
+    _, before = _ended_run(change)
+    active = AgentRun.objects.select_for_update(of=("self",)).filter(
+        goal_version__goal_id=change.goal_id, status__in=AgentRun.active_statuses())
+    with transaction.atomic():
+        run = active.filter(follows_change=change).first()
+        if run is not None:
+            return before | {"outcome": "follow_up", "run": run.pk, "run_status": run.status}
+        run = active.order_by("-created_at").first()
+        if run is None:
+            return None
+        _message_create(run, decision.reviewer, text, data={"decision": decision.pk})
+    return before | {"outcome": "message", "run": run.pk, "run_status": run.status,
+                     "same_goal": True}
+
+
 def _to_follow_up(decision: ReviewDecision) -> dict[str, Any]:
     change = decision.change
-    ended = change.runs.order_by("-created_at").first()
-    before = {"ended_run": ended.pk, "ended_status": ended.status} if ended else {}
-    lines = _line_comments(change)
+    ended, before = _ended_run(change)
+    text = _comments_text(decision)
     starter = change.requested_by or (ended.started_by if ended else None)
     if change.goal is None or starter is None:
         reason = "the change has no goal and starter to start a follow-up run for"
-    elif not decision.comment.strip() and not lines:
+    elif text is None:
         reason = "there was no comment to send: say what to change, and start a run"
     else:
-        text = "\n".join([_request_text(decision), *lines])
         try:
             run = run_start(goal=change.goal, user=starter, fetch=False,
                             follow_up=FollowUp(change=change, reviewer=decision.reviewer,
@@ -559,11 +587,16 @@ def _request_text(decision: ReviewDecision) -> str:
             f"{change.pk} ({change.title}): {decision.comment.strip() or '(no comment)'}")
 
 
-def _line_comments(change: Change) -> list[str]:
-    """The comments on the current diff's lines, one a line, for a follow-up run (the
-    change's own run reads them on its own at its next step)."""
-    return [f"- {c.path} line {c.line} ({c.side}): {c.text}"
-            for c in change.comments.filter(diff_sha256=change.diff_sha256)]
+def _comments_text(decision: ReviewDecision) -> str | None:
+    """The request and the comments on the current diff's lines, one a line, for a run other
+    than the change's own (which reads the line comments on its own at its next step); None
+    when the reviewer said nothing at all."""
+    change = decision.change
+    lines = [f"- {c.path} line {c.line} ({c.side}): {c.text}"
+             for c in change.comments.filter(diff_sha256=change.diff_sha256)]
+    if not decision.comment.strip() and not lines:
+        return None
+    return "\n".join([_request_text(decision), *lines])
 
 
 def hypothesis_add(*, run: AgentRun, user: User, title: str,

@@ -32,8 +32,9 @@ def change_decided_after_commit(change_id: int, status: str) -> None:
 
 
 # kwargs: decision_id. A reviewer requested changes: the app that runs agents delivers the
-# decision's comments (to the run that wrote the change while it runs, else to a follow-up
-# run) and writes where they went on the decision's `delivery`, which the change page shows.
+# decision's comments (to the run that wrote the change while it runs, else to a run active
+# on its goal, else to a follow-up run) and writes where they went on the decision's
+# `delivery`, which the change page shows.
 changes_requested = Signal()
 
 

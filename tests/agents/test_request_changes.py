@@ -1,7 +1,7 @@
 """'Request changes' reaches an agent (issue 27): the run that wrote the change gets the
-comment as a message while it runs; once it ended, a follow-up run on the same goal starts
-with the comments as its first message; and the change page says which happened, or why the
-comments reached no agent."""
+comment as a message while it runs; once it ended, a run already active on the same goal gets
+them as a message, else a follow-up run on the goal starts with the comments as its first
+message; and the change page says which happened, or why the comments reached no agent."""
 
 from __future__ import annotations
 
@@ -105,6 +105,62 @@ def test_request_changes_after_the_run_ended_starts_a_follow_up_run_with_the_com
     assert (f'Run {run.pk} had ended (succeeded), so follow-up <a href="/runs/{follow_up.pk}/">'
             f"run {follow_up.pk}</a> started on the same goal with the comments as its first "
             "message.") in page
+
+
+@pytest.mark.parametrize("status, reads", [
+    (AgentRun.Status.RUNNING, "the agent reads them at its next step."),
+    (AgentRun.Status.PAUSED, "the agent reads them at its next step, once the run is resumed."),
+], ids=["running", "paused"])
+def test_request_changes_after_the_run_ended_goes_to_a_run_already_active_on_the_goal(
+    change_of_run: tuple[Change, AgentRun], reviewer: User, example_goal: Goal,
+    client: Client, django_capture_on_commit_callbacks: Any, status: str, reads: str,
+) -> None:
+    # A follow-up beside it would compete with it for the workers, and their changes conflict.
+    change, run = change_of_run
+    AgentRun.objects.filter(pk=run.pk).update(status=AgentRun.Status.SUCCEEDED)
+    active = AgentRunFactory.create(goal=example_goal, status=status)
+    ReviewComment.objects.create(change=change, author=reviewer, path="config/serving.toml",
+                                 line=2, text="Why 8?", diff_sha256=change.diff_sha256)
+
+    decision = request_changes(change, reviewer, django_capture_on_commit_callbacks)
+
+    assert not AgentRun.objects.filter(follows_change=change).exists()
+    assert AgentRun.objects.count() == 2
+    message = RunMessage.objects.get(run=active)
+    assert message.author == reviewer
+    assert COMMENT in message.text and "- config/serving.toml line 2 (new): Why 8?" in message.text
+    assert decision.delivery == {"outcome": "message", "run": active.pk, "run_status": status,
+                                 "same_goal": True, "ended_run": run.pk,
+                                 "ended_status": "succeeded"}
+    page = page_of(client, reviewer, change)
+    assert (f'Run {run.pk} had ended (succeeded), and <a href="/runs/{active.pk}/">run '
+            f"{active.pk}</a> ({status}) was already at work on the same goal, so the comments "
+            "went to it as a message, not to a follow-up run that would compete with it: "
+            + reads) in page
+
+
+def test_a_delivery_sent_again_finds_the_follow_up_it_started_and_starts_no_second(
+    change_of_run: tuple[Change, AgentRun], reviewer: User,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    # A process killed after the follow-up started, before the delivery was written: beat's
+    # reaper sends the decision again.
+    change, run = change_of_run
+    AgentRun.objects.filter(pk=run.pk).update(status=AgentRun.Status.FINISHED)
+    first = request_changes(change, reviewer, django_capture_on_commit_callbacks)
+    ReviewDecision.objects.filter(pk=first.pk).update(
+        delivery={}, created_at=timezone.now() - timedelta(minutes=6))
+
+    with django_capture_on_commit_callbacks(execute=False):
+        assert requested_changes_reap() == [first.pk]
+
+    follow_up = AgentRun.objects.get(follows_change=change)
+    assert AgentRun.objects.count() == 2
+    assert follow_up.messages.count() == 1
+    first.refresh_from_db()
+    assert first.delivery == {"outcome": "follow_up", "run": follow_up.pk,
+                              "run_status": "running", "ended_run": run.pk,
+                              "ended_status": "finished"}
 
 
 def test_when_no_follow_up_can_start_the_page_says_the_comments_reached_no_agent(
