@@ -18,7 +18,7 @@ from infraops.experiments.workers import live_queues
 from infraops.feedback.findings import about_baseline
 from infraops.manifest import Manifest
 from infraops.models import Experiment, Goal, GoalVersion
-from reviews.models import Change
+from reviews.models import Change, ReviewDecision, approved_over_failing_checks
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class Point:
     high: float | None
     unit: str
     change: int | None  # the merged change it is (None for the base)
+    overridden: bool = False  # merged over failing checks (the override step)
 
 
 def _comparison(change: Change, probe: str, metric: str) -> dict[str, Any] | None:
@@ -71,6 +72,7 @@ def evolution(goal: Goal) -> list[Point]:
     own experiment: points of different experiments compare across machine noise."""
     points: list[Point] = []
     changes = (Change.objects.filter(goal=goal, status=Change.Status.MERGED)
+               .annotate(overridden=approved_over_failing_checks())
                .select_related("experiment").order_by("merged_at", "pk"))
     for change in changes:
         if change.experiment is not None and not credited(change.experiment.feedback):
@@ -86,7 +88,8 @@ def evolution(goal: Goal) -> list[Point]:
         points.append(Point(f"v{len(points)} (change {change.pk})", head,
                             base * low if isinstance(low, int | float) else None,
                             base * high if isinstance(high, int | float) else None,
-                            unit, change.pk))
+                            unit, change.pk,
+                            change.overridden))  # type: ignore[attr-defined]  # annotated
     return points
 
 
@@ -114,6 +117,10 @@ class Progress:
     merged: int
     awaiting_review: int
     needs: tuple[Need, ...] = ()
+    # Merged over failing checks (issue 27): how many, and the part of the gain their own
+    # measurements account for, as a share of the base (positive: better), or None.
+    overridden: int = 0
+    overridden_gain: float | None = None
 
     @property
     def runs_here(self) -> bool:
@@ -135,6 +142,19 @@ class Progress:
         if gain is None:
             return ""
         return f"{abs(gain):.1%} {'better' if gain >= 0 else 'worse'}"
+
+    @property
+    def overridden_text(self) -> str:
+        """'30.1% better from 1 change merged over failing checks': the part of the progress
+        those changes measured; '' when none merged so."""
+        if not self.overridden:
+            return ""
+        changes = f"{self.overridden} change{'s' * (self.overridden != 1)}"
+        part = self.overridden_gain
+        if self.gain is None or part is None:
+            return f"{changes} merged over failing checks"
+        return (f"{abs(part):.1%} {'better' if part >= 0 else 'worse'} from {changes} merged "
+                "over failing checks")
 
     @property
     def moved(self) -> str:
@@ -160,33 +180,50 @@ class Progress:
 
 def goal_progress(target_ids: list[int] | None) -> list[Progress]:
     """Every goal of these targets (None: every target) with its progress, in two queries
-    whatever the number of goals: the dashboard's list."""
+    whatever the number of goals: the dashboard's list, and the goal page's line."""
     goals = Goal.objects.select_related("target", "boundary").order_by("target__name", "name")
     if target_ids is not None:
         goals = goals.filter(target_id__in=target_ids)
     active: dict[int, int] = {}
     counts: dict[tuple[int, str], int] = {}
-    summaries: dict[int, list[dict[str, Any]]] = {}
-    for kind, goal_id, status, n, comparisons, failing, *_ in _goal_rows(target_ids):
+    summaries: dict[int, list[tuple[dict[str, Any], bool]]] = {}
+    overridden: dict[int, int] = {}
+    for kind, goal_id, status, n, comparisons, failing, _, _, over in _goal_rows(target_ids):
         if kind == "run":
             active[goal_id] = n
         elif kind == "change":
             counts[(goal_id, status)] = n
-        elif credited({"findings": _json(failing) or []}):
-            # a cheat merged over its integrity failure moves nothing
-            summaries.setdefault(goal_id, []).append({"comparisons": _json(comparisons) or []})
+        else:
+            overridden[goal_id] = overridden.get(goal_id, 0) + bool(over)
+            if credited({"findings": _json(failing) or []}):
+                # a cheat merged over its integrity failure moves nothing
+                summaries.setdefault(goal_id, []).append(
+                    ({"comparisons": _json(comparisons) or []}, bool(over)))
     result = []
     needs = goal_needs(list(goals))
     for goal in goals:
-        measured = [row for summary in summaries.get(goal.pk, [])
+        measured = [(row, over) for summary, over in summaries.get(goal.pk, [])
                     if (row := _goal_row(summary, goal)) is not None]
+        base = float(measured[0][0]["baseline_median"]) if measured else None
         result.append(Progress(
-            goal, float(measured[0]["baseline_median"]) if measured else None,
-            float(measured[-1]["candidate_median"]) if measured else None,
-            str(measured[0].get("unit") or "") if measured else "",
+            goal, base, float(measured[-1][0]["candidate_median"]) if measured else None,
+            str(measured[0][0].get("unit") or "") if measured else "",
             active.get(goal.pk, 0), counts.get((goal.pk, Change.Status.MERGED), 0),
-            counts.get((goal.pk, Change.Status.PENDING_REVIEW), 0), needs[goal.pk]))
+            counts.get((goal.pk, Change.Status.PENDING_REVIEW), 0), needs[goal.pk],
+            overridden.get(goal.pk, 0),
+            _gain_of(goal, base, [row for row, over in measured if over])))
     return result
+
+
+def _gain_of(goal: Goal, base: float | None, rows: list[dict[str, Any]]) -> float | None:
+    """The part of a goal's gain these merged changes' own measurements account for: each
+    one's step, candidate against the base it merged onto, as a share of the goal's first
+    base (positive: better); None without a base or a row."""
+    if not base or not rows:
+        return None
+    steps = sum(float(r["candidate_median"]) - float(r["baseline_median"]) for r in rows)
+    moved = steps / abs(base)
+    return -moved if goal.direction == Goal.Direction.MINIMIZE else moved
 
 
 # The findings of an experiment's feedback that can take its credit away (`credited` decides):
@@ -198,23 +235,29 @@ _UNCREDITING = ('$.findings[*] ? (@.evidence.credited == false || '
 @functools.cache
 def _goal_statement(every: bool) -> str:
     """The active runs per goal, the changes per goal and status, and each merged change's
-    comparisons with its uncrediting findings (in merge order), as one statement of rows
-    (kind, goal, status, count, comparisons, findings); written once per process."""
+    comparisons with its uncrediting findings (in merge order) and whether it merged over
+    failing checks, as one statement of rows (kind, goal, status, count, comparisons,
+    findings, merged at, id, overridden); written once per process."""
     quote = connection.ops.quote_name
     run, version = quote(AgentRun._meta.db_table), quote(GoalVersion._meta.db_table)
     change, experiment = quote(Change._meta.db_table), quote(Experiment._meta.db_table)
+    decision = quote(ReviewDecision._meta.db_table)
     scope = "" if every else "AND t.target_id = ANY(%s)"
-    # Table names from the models' metadata, quoted; every value is bound.
+    # Table names from the models' metadata, quoted; every value is bound. The EXISTS is
+    # reviews.models.approved_over_failing_checks, which the goal page's ORM reads use.
     return f"""
-        SELECT 'run', v.goal_id, '', count(*), NULL::jsonb, NULL::jsonb, NULL::timestamptz, 0
+        SELECT 'run', v.goal_id, '', count(*), NULL::jsonb, NULL::jsonb, NULL::timestamptz, 0,
+               FALSE
           FROM {run} t JOIN {version} v ON v.id = t.goal_version_id
          WHERE t.status = ANY(%s) {scope} GROUP BY v.goal_id
         UNION ALL
-        SELECT 'change', t.goal_id, t.status, count(*), NULL, NULL, NULL, 0
+        SELECT 'change', t.goal_id, t.status, count(*), NULL, NULL, NULL, 0, FALSE
           FROM {change} t WHERE t.goal_id IS NOT NULL {scope} GROUP BY t.goal_id, t.status
         UNION ALL
         SELECT 'merged', t.goal_id, '', 0, e.summary -> 'comparisons',
-               jsonb_path_query_array(e.feedback, %s), t.merged_at, t.id
+               jsonb_path_query_array(e.feedback, %s), t.merged_at, t.id,
+               EXISTS (SELECT 1 FROM {decision} d WHERE d.change_id = t.id
+                          AND d.decision = %s AND d.overridden_checks <> '[]'::jsonb)
           FROM {change} t LEFT JOIN {experiment} e ON e.id = t.experiment_id
          WHERE t.goal_id IS NOT NULL AND t.status = %s {scope}
          ORDER BY 7, 8"""  # noqa: S608  # nosec B608
@@ -223,7 +266,7 @@ def _goal_statement(every: bool) -> str:
 def _goal_rows(target_ids: list[int] | None) -> list[tuple[Any, ...]]:
     scope = [] if target_ids is None else [target_ids]
     params: list[Any] = [list(AgentRun.active_statuses()), *scope, *scope, _UNCREDITING,
-              Change.Status.MERGED, *scope]
+                         ReviewDecision.Decision.APPROVE, Change.Status.MERGED, *scope]
     with connection.cursor() as cursor:
         cursor.execute(_goal_statement(target_ids is None), params)
         return list(cursor.fetchall())

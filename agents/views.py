@@ -40,7 +40,7 @@ from infraops.ratelimit import START_RUN, throttled
 from infraops.reads import JoinedRead, give_related
 from infraops.services.goals import spec_changes
 from reviews.live import awaiting_count, reviewer_classes
-from reviews.models import Change
+from reviews.models import Change, approved_over_failing_checks
 
 # The dashboard's lists, as scoped(...) would give them: every target and run for a superuser,
 # else those of the targets the user is a member of (visible_target_ids). A run's goal version
@@ -83,13 +83,15 @@ def goal_detail(request: AuthenticatedHttpRequest, pk: int) -> HttpResponse:
     target_roles = request_target_roles(request, goal.target_id)
     return render(request, "agents/goal.html", {
         "goal": goal, "points": points, "chart": evolution_svg(points, goal.metric),
+        # the dashboard's row of this goal, so the two never disagree
+        "progress": next(p for p in goal_progress([goal.target_id]) if p.goal.pk == goal.pk),
         # Start a run where the goal is read, as on the target page (engineers only).
         "controls": start_controls(goal, target_roles),
         "history": list(reversed(history)),
         "runs": AgentRun.objects.filter(goal_version__goal=goal)
                 .select_related("goal_version__goal__target", "started_by")[:50],
         "merged": Change.objects.filter(goal=goal, status=Change.Status.MERGED)
-                  .order_by("-merged_at"),
+                  .annotate(overridden=approved_over_failing_checks()).order_by("-merged_at"),
         "target_roles": target_roles,
     })
 

@@ -154,6 +154,15 @@ class Change(models.Model):
         return latest if latest.still_valid else None
 
 
+def approved_over_failing_checks() -> models.Exists:
+    """For `.annotate(overridden=...)` of changes: a reviewer approved the change over failing
+    evidence (the override step, issue 27). Every approval of a change faces the same failing
+    evidence checks, so any one that named checks says it."""
+    return models.Exists(ReviewDecision.objects.filter(
+        change=models.OuterRef("pk"), decision=ReviewDecision.Decision.APPROVE)
+        .exclude(overridden_checks=[]))
+
+
 def grants_for_page(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Recorded grants (infraops.grants.Grant.as_record) with their moments as datetimes."""
     return [grant | {"granted_at": parse_datetime(grant["granted_at"])

@@ -19,7 +19,7 @@ from agents.models import AgentRun
 from infraops.live import notify
 from infraops.models import Experiment, Goal
 from infraops.project.asgi import application
-from reviews.models import Change
+from reviews.models import Change, ReviewDecision
 from tests.factories import AgentRunFactory, ChangeFactory, ExperimentFactory, UserFactory
 from tests.reviews.test_queue import TIMEOUT, run_async, session_headers
 
@@ -77,6 +77,40 @@ def test_a_cheat_merged_over_its_integrity_failure_is_no_progress_of_its_goal(
     assert [point.change for point in evolution(example_goal)] == [None, honest.pk]
     client.force_login(engineer)
     assert "10.0% better so far" in client.get("/").content.decode()
+
+
+def approval(change: Change, reviewer: User, over: tuple[str, ...] = ()) -> ReviewDecision:
+    """The approval that merged the change, over these failing checks (the override step)."""
+    return ReviewDecision.objects.create(
+        change=change, reviewer=reviewer, decision=ReviewDecision.Decision.APPROVE,
+        overridden_checks=list(over), override_reason="the probe is flaky" if over else "",
+        diff_sha256=change.diff_sha256, base_commit=change.base_commit)
+
+
+@pytest.mark.django_db
+def test_a_change_merged_over_failing_checks_is_marked_with_its_part_of_the_progress(
+        client: Client, engineer: User, reviewer: User, example_goal: Goal) -> None:
+    # issue 27: the dashboard said "34.8% better so far" with no mark
+    clean = merged(example_goal, 1, 10.0, 9.0)
+    over = merged(example_goal, 2, 9.0, 6.52)
+    approval(clean, reviewer)
+    approval(over, reviewer, over=("p99 latency stays under 12 ms",))
+
+    [progress] = goal_progress(None)
+    client.force_login(engineer)
+    dashboard = " ".join(client.get("/").content.decode().split())
+    goal_page = " ".join(client.get(f"/goals/{example_goal.pk}/").content.decode().split())
+
+    assert progress.overridden == 1 and progress.gain == pytest.approx(0.348)
+    assert progress.overridden_gain == pytest.approx(0.248)
+    assert "34.8% better so far" in dashboard
+    assert ('<strong class="overridden">24.8% better from 1 change merged over failing '
+            "checks</strong>") in dashboard
+    assert "34.8% better so far" in goal_page
+    assert "24.8% better from 1 change merged over failing checks" in goal_page
+    marked = [f'change {n.pk}</a> <span class="badge bad">merged over failing checks</span>'
+              in goal_page for n in (clean, over)]
+    assert marked == [False, True]
 
 
 @pytest.mark.django_db
