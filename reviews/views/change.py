@@ -36,7 +36,8 @@ class DecisionForm(forms.Form):
     comment = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}),
                               max_length=MAX_COMMENT,
                               label="Comment (goes back to the agent)",
-                              help_text="To its run while it runs, else as the first message "
+                              help_text="To its run while it runs; once it ended, to a run "
+                                        "at work on the same goal, else as the first message "
                                         "of a follow-up run.")
     diff_sha256 = forms.RegexField(regex=SHA256, widget=forms.HiddenInput)
     override_reason = forms.CharField(
