@@ -16,7 +16,18 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import connection
+from django.test import Client
+from playwright.sync_api import Browser, Page
+
+# The review pages' changes, with real commits in InfraOps' clone (test_review_truth.py).
+from tests.reviews.conftest import (  # noqa: F401 (fixtures)
+    auto_goal,
+    commit_on,
+    config_change,
+    passing_submit,
+)
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -140,3 +151,22 @@ class NetworkSwitch:
 
     def up(self) -> None:
         self.is_up = True
+
+
+def signed_in(browser: Browser, live_server: Any, client: Client, user: User) -> Any:
+    """A laptop-sized browser context (1280 x 720) signed in as `user`."""
+    client.force_login(user)
+    session = client.cookies[settings.SESSION_COOKIE_NAME].value
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session,
+                          "url": live_server.url}])
+    return context
+
+
+@pytest.fixture
+def desktop(browser: Browser, live_server: Any, client: Client, reviewer: User,
+            close_thread_connections: None) -> Iterator[Page]:
+    """A reviewer's page in a laptop-sized browser, on the in-process live server."""
+    context = signed_in(browser, live_server, client, reviewer)
+    yield context.new_page()
+    context.close()

@@ -5,12 +5,10 @@ rights the run's starter granted reads why they cannot decide."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 from playwright.sync_api import Browser, Page, expect
@@ -19,6 +17,7 @@ from agents.models import AgentRun, RunMessage
 from infraops.grants import membership_grant
 from infraops.models import Goal
 from reviews.models import Change
+from tests.e2e.conftest import signed_in
 from tests.e2e.test_every_page import world
 from tests.factories import UserFactory
 
@@ -31,24 +30,6 @@ def made(example_goal: Goal, engineer: User, reviewer: User) -> dict[str, Any]:
     # notifications (async_to_sync) refuse to run beside it.
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(world, example_goal, engineer).result(timeout=60)
-
-
-def signed_in(browser: Browser, live_server: Any, client: Client, user: User) -> Any:
-    """A laptop-sized browser context (1280 x 720) signed in as `user`."""
-    client.force_login(user)
-    session = client.cookies[settings.SESSION_COOKIE_NAME].value
-    context = browser.new_context(viewport={"width": 1280, "height": 720})
-    context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": session,
-                          "url": live_server.url}])
-    return context
-
-
-@pytest.fixture
-def desktop(browser: Browser, live_server: Any, client: Client, reviewer: User,
-            close_thread_connections: None) -> Iterator[Page]:
-    context = signed_in(browser, live_server, client, reviewer)
-    yield context.new_page()
-    context.close()
 
 
 # For each chart: the boxes between it and the page that scroll on their own and hold more
