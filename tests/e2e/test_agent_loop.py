@@ -109,9 +109,11 @@ def no_key_sent(stub: OpenAIStub) -> None:
 
 # --- a precision bug, fixed from the feedback alone ------------------------------------------
 
+# One finding per cause: "... (candidate) cases len-4096, len-1024 mismatch: case len-4096:
+# ...", its cases worst first and the worst one's detail first.
 FAIL_LINE = re.compile(
     r"\[FAIL correctness\] (?P<probe>\S+) \[(?P<candidate>[^\]]+)\] vs \[(?P<reference>[^\]]+)\]"
-    r" \(candidate\) case (?P<case>\S+) mismatch: .*?first at (?P<index>\[[\d, ]+\]): "
+    r" \(candidate\) cases? (?P<case>[^\s,]+)[^:]*? mismatch: .*?first at (?P<index>\[[\d, ]+\]): "
     r"(?P<ref>-?[\d.e+-]+) vs (?P<cand>-?[\d.e+-]+) .*?max abs (?P<max_abs>[\d.e+-]+).*?"
     r"\(rtol (?P<rtol>[\d.e+-]+), atol (?P<atol>[\d.e+-]+)\)")
 
