@@ -28,6 +28,9 @@ The file format (see docs/feedback-contract.md; ``metrics``, ``files``, ``always
     requires = ["gpu"]
     measure = "wall"                 # wall | instructions
     warmup = 1                       # executions a side before the samples (default 0)
+    compile_cache = true             # keep what a side's first execution compiles (Triton's
+                                     # kernels, torch's, CUDA's JIT) for its samples (default
+                                     # false; docs/feedback-contract.md)
     extra_repeats = 10               # more repeats a side that may decide an inconclusive
                                      # comparison (default 2 x repeat for performance and e2e)
     plausible_speedup = 5            # a faster candidate fails as implausible (default 5)
@@ -130,6 +133,7 @@ PROBE_KEYS = (
     "name", "layer", "command", "metrics", "cost", "timeout", "covers", "variants", "compare",
     "repeat", "requires", "measure", "always", "files", "higher_is_better", "warmup",
     "plausible_speedup", "processes", "memory_mb", "disk_mb", "meta", "extra_repeats",
+    "compile_cache",
 )
 SANDBOX_LIMIT_KEYS = ("processes", "memory_mb", "disk_mb")
 COMPARE_KEYS = ("reference", "candidate", "rtol", "atol")
@@ -306,6 +310,7 @@ class Probe:
     files: tuple[str, ...] = ()
     higher_is_better: tuple[str, ...] = ()
     warmup: int = DEFAULT_WARMUP
+    compile_cache: bool = False
     extra_repeats: int = 0  # the parser's default depends on the layer and repeat
     plausible_speedup: float = DEFAULT_PLAUSIBLE_SPEEDUP
     processes: int | None = None  # None: the sandbox's default
@@ -770,6 +775,7 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
                       f"factor: 5 means 5x faster), got {_show(speedup)}")
         speedup = DEFAULT_PLAUSIBLE_SPEEDUP
     always = _flag(raw, "always", report)
+    compile_cache = _flag(raw, "compile_cache", report)
     limits = {key: _whole(raw, key, report, default=1, positive=True) if key in raw else None
               for key in SANDBOX_LIMIT_KEYS}  # maxima are the host's: checked when it runs
     files = _globs(raw, "files", report, default=())
@@ -797,8 +803,8 @@ def _parse_probe(raw: Mapping[str, Any], report: _Table) -> Probe | None:
         name=name, layer=layer, command=command, metrics=metrics, repeat=repeat, cost=cost,
         timeout=timeout, covers=covers, variants=variants, compare=compare, requires=requires,
         measure=measure or "wall", always=always, files=files, higher_is_better=higher,
-        warmup=warmup, extra_repeats=extra_repeats, plausible_speedup=float(speedup),
-        meta=meta, declared=declared,
+        warmup=warmup, compile_cache=compile_cache, extra_repeats=extra_repeats,
+        plausible_speedup=float(speedup), meta=meta, declared=declared,
         **limits,
     )
 

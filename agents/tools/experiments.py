@@ -252,7 +252,9 @@ def _probe_lines(probe: Probe) -> list[str]:
              f"{', '.join(probe.covers)}; metrics {metrics}; repeat {probe.repeat} (up to "
              f"{probe.extra_repeats} more when undecided), warm-up {probe.warmup}; requires "
              f"{', '.join(probe.requires) or 'nothing'}"
-             + ("; always runs" if probe.always else "")]
+             + ("; always runs" if probe.always else "")
+             + ("; a compile cache each side (its first execution compiles, not a sample)"
+                if probe.compile_cache else "")]
     cells = _cells(probe)
     if cells:
         shown = ", ".join(f"[{c}]" for c in cells[:MAX_CELLS])

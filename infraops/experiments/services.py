@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
@@ -596,6 +596,8 @@ class _Attempt:
     trees: dict[str, Path]
     before_candidate: Callable[[], object]  # waits for the candidate's checkout
     samples: list[SampleRow] = field(default_factory=list)
+    # (probe, side, variant key) that have run once: a compile cache's fill is behind them.
+    filled: set[tuple[str, str, str]] = field(default_factory=set)
 
 
 def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
@@ -629,7 +631,9 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
                                before_candidate=candidate_ready.result)
             failures = _run_all(attempt, probes)
             ids = candidate_ready.result()
-    left = {side: left_behind(trees[side], set(gitops.list_files(repo, commits[side])))
+    cached = any(probe.compile_cache for probe in probes)
+    left = {side: left_behind(trees[side], set(gitops.list_files(repo, commits[side])),
+                              compile_cache=cached)
             for side in commits}
 
     def analysed() -> dict[str, Any]:
@@ -645,14 +649,34 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
 
 LEFT_BEHIND_LIMIT = 20_000
 
+# A probe's compile cache (its manifest's compile_cache = true): a folder of each side's work
+# tree that the toolchains are pointed at. The side's first execution of the attempt, never a
+# sample and run under the second seed, fills it and its writes are kept; every later execution
+# of the side reads it, and what that execution writes to its work tree is thrown away
+# (SandboxSpec.keep_workdir), so no sample leaves anything for the next: a result memoised under
+# the samples' seed never outlives the execution that wrote it. A GPU probe's execution is
+# mostly Triton compiling its kernels and torch starting (26-62 s an execution of the fla
+# examples on an H200, a few milliseconds of them measured).
+COMPILE_CACHE_FOLDER = ".infraops-cache"
+_CACHE_INSIDE = f"/work/{COMPILE_CACHE_FOLDER}"
+COMPILE_CACHE_ENV: Final = {
+    "INFRAOPS_CACHE": _CACHE_INSIDE,
+    "TRITON_CACHE_DIR": f"{_CACHE_INSIDE}/triton",
+    "TORCHINDUCTOR_CACHE_DIR": f"{_CACHE_INSIDE}/inductor",
+    "CUDA_CACHE_PATH": f"{_CACHE_INSIDE}/nv",
+    "XDG_CACHE_HOME": f"{_CACHE_INSIDE}/xdg",
+}
 
-def left_behind(tree: Path, committed: set[str]) -> list[str]:
+
+def left_behind(tree: Path, committed: set[str], *, compile_cache: bool = False) -> list[str]:
     """Files in a side's checkout after its executions that its commit does not hold, bytecode
-    caches excepted: what the probe (or the code under test) left for the next execution."""
+    caches excepted (and the compile cache, where a probe asked for one): what the probe (or
+    the code under test) left for the next execution."""
     found: list[str] = []
     seen = 0
     for folder, dirs, files in os.walk(tree):
-        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        dirs[:] = [d for d in dirs if d != "__pycache__"
+                   and not (compile_cache and d == COMPILE_CACHE_FOLDER and folder == str(tree))]
         for name in files:
             seen += 1
             if seen > LEFT_BEHIND_LIMIT:
@@ -725,6 +749,13 @@ def _run_probe(attempt: _Attempt, probe: Probe) -> str:
     check_seed = (seed + 1 + rng.randrange(2**31 - 1)) % 2**31  # never equal to seed
     for variant in attempt.experiment.variant_cells(probe):
         key = variant_key(variant)
+        if probe.compile_cache and probe.warmup == 0:
+            # Each side's compile cache is filled by an execution that is never a sample, under
+            # the second seed: the check that outputs follow the input, moved to the front.
+            failure = _run_slot(attempt, probe, access, variant, _Slot(-1, check_seed),
+                                flip=False)
+            if failure:
+                return failure
         for index in range(probe.warmup, 0, -1):  # baseline first
             failure = _run_slot(attempt, probe, access, variant, _Slot(-index, check_seed),
                                 flip=False)
@@ -733,7 +764,7 @@ def _run_probe(attempt: _Attempt, probe: Probe) -> str:
         failure, ran = _run_repeats(attempt, probe, access, variant, seed)
         if failure:
             return failure
-        if probe.warmup == 0 and _wrote_outputs(attempt, probe, key):
+        if probe.warmup == 0 and not probe.compile_cache and _wrote_outputs(attempt, probe, key):
             failure = _run_slot(attempt, probe, access, variant, _Slot(-1, check_seed),
                                 flip=ran % 2 == 1)
             if failure:
@@ -805,12 +836,16 @@ def _run_slot(attempt: _Attempt, probe: Probe, access: ProbeAccess, variant: dic
         label = execution_label(probe.name, side, key, slot.repeat)
         stream = LogStream(attempt.experiment.pk, label)
         env = {"PATH": access.path, **dict(access.environment),
-               **probe_environment(variant, seed=slot.seed, repeat=slot.repeat)}
+               **probe_environment(variant, seed=slot.seed, repeat=slot.repeat),
+               **(COMPILE_CACHE_ENV if probe.compile_cache else {})}
+        fills = (probe.name, side, key) not in attempt.filled
+        attempt.filled.add((probe.name, side, key))
         try:
             result = sandbox.sandbox_run(
                 sandbox.SandboxSpec(
                     command=measured_command(probe), workdir=tree, out_dir=out, env=env,
                     limits=limits, devices=access.devices, readonly_binds=access.readonly_binds,
+                    keep_workdir=fills or not probe.compile_cache,
                 ),
                 identity=attempt.identity, on_output=stream,
             )

@@ -252,6 +252,8 @@ CASES = [
                  id="probe-key-unknown"),
     pytest.param(PROBE + 'always = "yes"\n', UNIT, "always", 6, "true or false",
                  id="always-not-a-boolean"),
+    pytest.param(PROBE + "compile_cache = 1\n", UNIT, "compile_cache", 6, "true or false",
+                 id="compile-cache-not-a-boolean"),
     pytest.param(PROBE + 'requires = "gpu"\n', UNIT, "requires", 6, "array of strings",
                  id="requires-not-an-array"),
     pytest.param(PROBE + 'requires = ["a gpu"]\n', UNIT, "requires", 6,
@@ -445,7 +447,8 @@ def test_defaults_follow_the_layer(layer: str, repeat: int) -> None:
     assert probe.extra_repeats == (10 if repeat == 5 else 0)
     assert (probe.cost, probe.timeout, probe.covers) == (1, 600.0, ("**",))
     assert (probe.variants, probe.compare, probe.requires, probe.files) == ({}, (), (), ())
-    assert (probe.measure, probe.always) == ("wall", False)
+    assert (probe.measure, probe.always, probe.compile_cache) == ("wall", False, False)
+    assert parse_manifest(PROBE + "compile_cache = true\n").probes[0].compile_cache
 
 
 # --- Natural forms: optional metrics, one compare table ----------------------------------

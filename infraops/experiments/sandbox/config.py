@@ -111,7 +111,10 @@ class SandboxSpec:
     """What to run. command runs as ``/bin/sh -c command`` in /work. env is added to PATH, HOME
     and LANG (it may override those three) and INFRAOPS_OUT=/out (it may not). Every host path
     must exist; readonly_binds targets are absolute paths inside the sandbox. devices are
-    accelerator device nodes (see :func:`accelerator_device`), each at its own path inside."""
+    accelerator device nodes (see :func:`accelerator_device`), each at its own path inside.
+
+    keep_workdir False: what the run writes to its work tree is thrown away when it ends (the
+    output folder is kept either way), so the next run finds the tree as this one found it."""
 
     command: str
     workdir: Path
@@ -120,6 +123,7 @@ class SandboxSpec:
     readonly_binds: Sequence[tuple[Path, str]] = ()
     limits: SandboxLimits = SandboxLimits()
     devices: Sequence[Path] = ()
+    keep_workdir: bool = True
 
 
 @dataclass(frozen=True)

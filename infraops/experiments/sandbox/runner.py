@@ -7,11 +7,13 @@ import contextlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Final
 
 from infraops.experiments.sandbox.cgroups import CGROUP_DELEGATED_ENV, _Cgroups, _note_degraded
@@ -31,7 +33,7 @@ from infraops.experiments.sandbox.launch import _launch_argv, _start
 from infraops.experiments.sandbox.mounts import _validate
 from infraops.experiments.sandbox.outcome import _Capture, _classify, _Hit
 from infraops.experiments.sandbox.pid_namespace import _Namespace
-from infraops.experiments.sandbox.scratch import _Scratch
+from infraops.experiments.sandbox.scratch import _Scratch, throwaway_workdir
 from infraops.experiments.sandbox.uids import _run_identity
 
 _CHUNK: Final = 65536
@@ -69,8 +71,12 @@ def sandbox_run(
     status_read, status_write = os.pipe()
     run: _Run | None = None
     scratch: _Scratch | None = None
+    throwaway: Path | None = None
     try:
         scratch = _Scratch.make(spec)
+        if scratch is None and not spec.keep_workdir:
+            throwaway = throwaway_workdir(spec.workdir)
+            spec = replace(spec, workdir=throwaway)
         run = _Run(spec, on_output, groups, None if scratch else _DiskMeter(spec), scratch)
         argv = _launch_argv(scratch.inside() if scratch else spec, chosen, status_write, groups)
         started = time.monotonic()
@@ -93,6 +99,8 @@ def sandbox_run(
             run.close()
         if scratch is not None:
             scratch.remove()
+        if throwaway is not None:
+            shutil.rmtree(throwaway, ignore_errors=True)
         groups.empty()
         groups.remove()
         os.close(status_read)

@@ -20,8 +20,10 @@ bytes, is what bounds that work.
 
 After the run, what it changed in its work tree (the upper layer: new and changed files,
 whiteouts for deleted ones) and wrote to its output folder is copied onto the host folders, so
-the next execution of the experiment finds them as before. Runs as root only (mounts); a
-sandbox started by another user keeps the walking meter (disk.py).
+the next execution of the experiment finds them as before; a run whose spec says not to keep
+its work tree (``keep_workdir``) has only its output copied. Runs as root only (mounts); a
+sandbox started by another user keeps the walking meter (disk.py), and a run that keeps no work
+tree then runs on a throwaway copy of it (:func:`throwaway_workdir`).
 """
 
 from __future__ import annotations
@@ -141,15 +143,30 @@ class _Scratch:
         )
 
     def keep(self) -> int:
-        """Copy what the run changed in its work tree and wrote to its output onto the host
-        folders (once nothing of the run is left); returns how many entries could not be
-        copied (a path too long for the host, a name the host refuses). Raises OSError when
-        the host's disk is full."""
-        missed = _apply_layer(self.upper, self.spec.workdir)
+        """Copy what the run wrote to its output, and what it changed in its work tree unless
+        its spec says not to keep that, onto the host folders (once nothing of the run is
+        left); returns how many entries could not be copied (a path too long for the host, a
+        name the host refuses). Raises OSError when the host's disk is full."""
+        missed = _apply_layer(self.upper, self.spec.workdir) if self.spec.keep_workdir else 0
         return missed + _apply_layer(self.out, self.spec.out_dir)
 
     def remove(self) -> None:
         _unmount(self.root)
+
+
+def throwaway_workdir(workdir: Path) -> Path:
+    """A copy of workdir beside it (owners, modes and times kept), for a run whose work tree
+    is not to be kept where no scratch can be mounted; the caller removes it."""
+    copy = workdir.parent / f".{workdir.name}.run-{os.getpid()}-{next(_serial)}"
+    copy.mkdir(mode=0o700)
+    try:
+        _copy_metadata(copy, workdir.stat())
+        if _apply_layer(workdir, copy):
+            raise OSError(errno.EIO, "some entries could not be copied", str(workdir))
+    except BaseException:
+        shutil.rmtree(copy, ignore_errors=True)
+        raise
+    return copy
 
 
 def _unmount(root: Path) -> None:

@@ -461,6 +461,33 @@ def test_what_a_run_changes_in_its_work_tree_reaches_the_host_and_the_next_run(
     assert f"infraops-sandbox/scratch/r{os.getpid()}-" not in mounts
 
 
+@needs_bwrap
+@pytest.mark.parametrize("scratch_mounts", [True, False], ids=["scratch", "throwaway-copy"])
+def test_a_run_that_keeps_no_work_tree_leaves_it_as_it_found_it_and_keeps_its_output(
+    dirs: Dirs, monkeypatch: pytest.MonkeyPatch, scratch_mounts: bool,
+) -> None:
+    from infraops.experiments.sandbox import scratch
+
+    if scratch_mounts and not scratch.scratch_available():
+        pytest.skip("no scratch here: needs root and tmpfs and overlay mounts")
+    if not scratch_mounts:
+        monkeypatch.setattr(scratch, "scratch_available", lambda: False)
+    (dirs.work / "cache").mkdir()
+    (dirs.work / "cache" / "kernel.bin").write_text("compiled")
+    sandbox_prepare_dir(dirs.work, dirs.identity)
+    before = sorted(p.relative_to(dirs.work).as_posix() for p in dirs.work.rglob("*"))
+    spec = SandboxSpec(
+        command=("cat cache/kernel.bin; echo memo > cache/memo; echo x >> cache/kernel.bin; "
+                 "rm -r cache/kernel.bin; echo kept > /out/result.txt"),
+        workdir=dirs.work, out_dir=dirs.out, env={}, limits=limits(), keep_workdir=False)
+    result = sandbox_run(spec, identity=dirs.identity)
+    assert (result.reason, result.stdout) == ("ok", b"compiled"), result.detail
+    assert sorted(p.relative_to(dirs.work).as_posix() for p in dirs.work.rglob("*")) == before
+    assert (dirs.work / "cache" / "kernel.bin").read_text() == "compiled"
+    assert (dirs.out / "result.txt").read_text() == "kept\n"
+    assert not [p for p in dirs.work.parent.iterdir() if ".run-" in p.name]  # copy removed
+
+
 @needs_scratch
 def test_a_scratch_left_by_a_killed_worker_is_unmounted_by_the_next_run(dirs: Dirs) -> None:
     from infraops.experiments.sandbox import scratch

@@ -269,6 +269,58 @@ def test_a_first_run_outlier_is_left_out_and_replaced_without_a_warm_up(
         finding["detail"])
 
 
+# A probe that "compiles" into its compile cache a kernel of its own code (the candidate's
+# differs: batch size 8, the baseline's 2) when it is not there yet, memoises its result under
+# its seed there, and leaves a file outside the cache too (the candidate one more); its value
+# says whether it paid for the compilation (+5) or found a memo of its own seed (+100).
+COMPILE_CACHE_PROBE = PROBE_HEAD + """cache = pathlib.Path(os.environ["INFRAOPS_CACHE"])
+assert os.environ["TRITON_CACHE_DIR"] == str(cache / "triton"), os.environ["TRITON_CACHE_DIR"]
+kernel = cache / "triton" / f"kernel-{batch}.bin"
+memo = cache / ("memo-" + os.environ["INFRAOPS_SEED"])
+cold, memo_seen = not kernel.exists(), memo.exists()
+kernel.parent.mkdir(parents=True, exist_ok=True)
+kernel.write_text("compiled")
+memo.write_text("result")
+pathlib.Path("left-" + ("by-candidate" if batch == 8 else "by-both")).write_text("x")
+pathlib.Path("left-by-both").write_text("x")
+print(f"cold={cold:d} memo={memo_seen:d}")
+value = 10 * (1 + 0.001 * repeat) + 5 * cold + 100 * memo_seen
+""" + PROBE_TAIL
+
+
+def test_a_compile_cache_is_filled_once_a_side_off_the_samples_and_no_sample_leaves_state(
+    tmp_path: Path, example_source: Path, db: None,
+    request_experiment: Callable[..., Experiment],
+) -> None:
+    (example_source / "bench" / "scripted.py").write_text(COMPILE_CACHE_PROBE)
+    target = register_variant(tmp_path, example_source, "compile-cache",
+                              command='"python3 bench/scripted.py"',
+                              repeat="5\ncompile_cache = true\nextra_repeats = 0")
+    result = experiment_execute(experiment_id=request_experiment(target).pk, worker=WORKER)
+
+    assert result is not None and result.status == Experiment.Status.SUCCEEDED, (
+        result and result.failure_reason)
+    executions = list(result.executions.order_by("id"))
+    # Each side's first execution fills its cache, under the second seed, never a sample;
+    # then the samples, ABBA: every one found the kernel and no memo of its own seed (the
+    # samples share a seed: a memo a sample wrote was thrown away with its work tree).
+    abba = [("baseline", 0), ("candidate", 0), ("candidate", 1), ("baseline", 1)]
+    assert [(e.side, e.repeat_index) for e in executions] == [
+        ("baseline", -1), ("candidate", -1),
+        *[(side, repeat + 2 * (i // 4)) for i, (side, repeat) in enumerate(abba * 3)][:10]]
+    assert [e.stdout.strip() for e in executions] == ["cold=1 memo=0"] * 2 + [
+        "cold=0 memo=0"] * 10
+    samples = result.executions.filter(repeat_index__gte=0)
+    assert len({e.seed for e in samples}) == 1
+    assert {e.seed for e in executions[:2]}.isdisjoint({e.seed for e in samples})
+    values = sorted(Sample.objects.filter(execution__in=samples).values_list("value", flat=True))
+    assert values == pytest.approx([10 * (1 + 0.001 * (i // 2)) for i in range(10)])
+    # What the candidate left outside the cache is still named; its cache (its own kernels,
+    # which the baseline's cache does not hold) is not.
+    [left] = [f for f in result.feedback["findings"] if f["kind"] == "left-behind"]
+    assert left["evidence"]["files"] == ["left-by-candidate"], left
+
+
 def test_samples_are_stored_for_both_sides(finished_experiment: Experiment) -> None:
     # One latency sample an execution: five a side, or more where load took a further look.
     for side in ("baseline", "candidate"):
