@@ -325,6 +325,10 @@ def describe(run: Any) -> dict[str, Any]:
             "probes": experiment.probes, "failure": experiment.failure_reason,
             "claimed_by": experiment.claimed_by, "executions": len(executions),
             "execution_seconds": sum(e["wall_seconds"] or 0 for e in executions),
+            # Each execution's side, repeat (-1: a warm-up, or a compile cache's fill) and
+            # seconds: what a compile cache saves is the fills' time against the samples'.
+            "execution_times": [[e["side"], e["repeat_index"], round(e["wall_seconds"] or 0, 2)]
+                                for e in executions],
             "rel_error_baseline_candidate": errors,
             "feedback": (experiment.feedback or {}).get("agent_text", "")[:6000],
             # Enough to replay the analysis where there is no GPU: what it was asked, every
