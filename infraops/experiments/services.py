@@ -598,6 +598,8 @@ class _Attempt:
     samples: list[SampleRow] = field(default_factory=list)
     # (probe, side, variant key) that have run once: a compile cache's fill is behind them.
     filled: set[tuple[str, str, str]] = field(default_factory=set)
+    # Per side, its compile cache's files as the last fill left them (cache_listing).
+    cache_files: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
 
 
 def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
@@ -616,6 +618,9 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
 
         def checkout(side: str) -> None:
             gitops.tree_export(repo, commits[side], trees[side])
+            if any(probe.compile_cache for probe in probes):
+                # A cache the commit holds would run binaries no one compiled from its source.
+                shutil.rmtree(trees[side] / COMPILE_CACHE_FOLDER, ignore_errors=True)
             sandbox.sandbox_prepare_dir(trees[side], identity)
 
         def prepare_candidate() -> dict[str, str | None]:
@@ -631,9 +636,8 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
                                before_candidate=candidate_ready.result)
             failures = _run_all(attempt, probes)
             ids = candidate_ready.result()
-    cached = any(probe.compile_cache for probe in probes)
     left = {side: left_behind(trees[side], set(gitops.list_files(repo, commits[side])),
-                              compile_cache=cached)
+                              filled=attempt.cache_files.get(side, {}))
             for side in commits}
 
     def analysed() -> dict[str, Any]:
@@ -650,13 +654,16 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
 LEFT_BEHIND_LIMIT = 20_000
 
 # A probe's compile cache (its manifest's compile_cache = true): a folder of each side's work
-# tree that the toolchains are pointed at. The side's first execution of the attempt, never a
-# sample and run under the second seed, fills it and its writes are kept; every later execution
-# of the side reads it, and what that execution writes to its work tree is thrown away
-# (SandboxSpec.keep_workdir), so no sample leaves anything for the next: a result memoised under
-# the samples' seed never outlives the execution that wrote it. A GPU probe's execution is
-# mostly Triton compiling its kernels and torch starting (26-62 s an execution of the fla
-# examples on an H200, a few milliseconds of them measured).
+# tree that the toolchains are pointed at (removed from the checkout first: a commit's own would
+# run binaries no one compiled from its source). The probe's first execution of each side and
+# variant in an attempt, never a sample and run under the second seed, fills it and its writes
+# are kept; every later execution of the probe reads it, and what that execution writes to its
+# work tree is thrown away (SandboxSpec.keep_workdir), so no sample leaves anything for the next.
+# The samples' seed is drawn for the attempt, never the experiment's: a fill told it could
+# compute their results ahead. The cache's files as the fills left them are not "left behind";
+# anything else there is. A GPU probe's execution is mostly Triton compiling its kernels and
+# torch starting (26-62 s an execution of the fla examples on an H200, a few milliseconds of
+# them measured).
 COMPILE_CACHE_FOLDER = ".infraops-cache"
 _CACHE_INSIDE = f"/work/{COMPILE_CACHE_FOLDER}"
 COMPILE_CACHE_ENV: Final = {
@@ -668,23 +675,43 @@ COMPILE_CACHE_ENV: Final = {
 }
 
 
-def left_behind(tree: Path, committed: set[str], *, compile_cache: bool = False) -> list[str]:
+def left_behind(tree: Path, committed: set[str], *,
+                filled: Mapping[str, tuple[int, int]] | None = None) -> list[str]:
     """Files in a side's checkout after its executions that its commit does not hold, bytecode
-    caches excepted (and the compile cache, where a probe asked for one): what the probe (or
-    the code under test) left for the next execution."""
+    caches excepted, and the files of its compile cache exactly as its fills left them
+    (`filled`: cache_listing's after the last fill): what the probe (or the code under test)
+    left for the next execution."""
     found: list[str] = []
     seen = 0
     for folder, dirs, files in os.walk(tree):
-        dirs[:] = [d for d in dirs if d != "__pycache__"
-                   and not (compile_cache and d == COMPILE_CACHE_FOLDER and folder == str(tree))]
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
         for name in files:
             seen += 1
             if seen > LEFT_BEHIND_LIMIT:
                 return sorted(found)
             path = Path(folder, name).relative_to(tree).as_posix()
-            if path not in committed and not name.endswith((".pyc", ".pyo")):
+            if (path not in committed and not name.endswith((".pyc", ".pyo"))
+                    and not (filled and filled.get(path) == _size_and_time(tree / path))):
                 found.append(path)
     return sorted(found)
+
+
+def cache_listing(tree: Path) -> dict[str, tuple[int, int]]:
+    """Every file of a side's compile cache (tree-relative path) with its size and mtime."""
+    listing = {}
+    for folder, _, files in os.walk(tree / COMPILE_CACHE_FOLDER):
+        for name in files:
+            path = Path(folder, name)
+            listing[path.relative_to(tree).as_posix()] = _size_and_time(path)
+    return listing
+
+
+def _size_and_time(path: Path) -> tuple[int, int]:
+    try:
+        info = path.lstat()
+    except OSError:
+        return (-1, -1)
+    return (info.st_size, info.st_mtime_ns)
 
 
 def _run_all(attempt: _Attempt, probes: Sequence[Probe]) -> list[str]:
@@ -744,7 +771,10 @@ def _run_probe(attempt: _Attempt, probe: Probe) -> str:
         return f"probe {probe.name} could not run: {exc}"
     rng = random.SystemRandom()
     seed = attempt.experiment.seed
-    if seed is None:
+    if seed is None or probe.compile_cache:
+        # A compile cache's fill runs code of the candidate before the samples, unmeasured, and
+        # keeps what it writes: told the samples' seed (an agent run's is known), it could
+        # compute their results ahead. So their seed is drawn here, unknown to every fill.
         seed = rng.randrange(2**31)
     check_seed = (seed + 1 + rng.randrange(2**31 - 1)) % 2**31  # never equal to seed
     for variant in attempt.experiment.variant_cells(probe):
@@ -851,6 +881,8 @@ def _run_slot(attempt: _Attempt, probe: Probe, access: ProbeAccess, variant: dic
             )
         finally:
             stream.close()
+        if probe.compile_cache and fills:
+            attempt.cache_files[side] = cache_listing(tree)
         attempt.samples += _record(attempt, probe.name, side, key, slot, result, out,
                                    metrics_expected=bool(probe.metrics))
         if result.reason != "ok":

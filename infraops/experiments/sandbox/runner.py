@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import time
@@ -33,7 +32,7 @@ from infraops.experiments.sandbox.launch import _launch_argv, _start
 from infraops.experiments.sandbox.mounts import _validate
 from infraops.experiments.sandbox.outcome import _Capture, _classify, _Hit
 from infraops.experiments.sandbox.pid_namespace import _Namespace
-from infraops.experiments.sandbox.scratch import _Scratch, throwaway_workdir
+from infraops.experiments.sandbox.scratch import _Scratch, remove_throwaway, throwaway_workdir
 from infraops.experiments.sandbox.uids import _run_identity
 
 _CHUNK: Final = 65536
@@ -100,7 +99,7 @@ def sandbox_run(
         if scratch is not None:
             scratch.remove()
         if throwaway is not None:
-            shutil.rmtree(throwaway, ignore_errors=True)
+            remove_throwaway(throwaway)
         groups.empty()
         groups.remove()
         os.close(status_read)

@@ -475,10 +475,15 @@ def test_a_run_that_keeps_no_work_tree_leaves_it_as_it_found_it_and_keeps_its_ou
     (dirs.work / "cache").mkdir()
     (dirs.work / "cache" / "kernel.bin").write_text("compiled")
     sandbox_prepare_dir(dirs.work, dirs.identity)
+    # A kept run first (a compile cache's fill) that takes its own bits away from what it left.
+    kept = run(dirs, "echo s > cache/secret; chmod 000 cache/secret; mkdir -p locked/in; "
+                     "chmod 500 locked")
+    assert kept.reason == "ok", kept.detail
     before = sorted(p.relative_to(dirs.work).as_posix() for p in dirs.work.rglob("*"))
     spec = SandboxSpec(
         command=("cat cache/kernel.bin; echo memo > cache/memo; echo x >> cache/kernel.bin; "
-                 "rm -r cache/kernel.bin; echo kept > /out/result.txt"),
+                 "rm -r cache/kernel.bin; mkdir -p mine/deep; chmod 500 mine; "
+                 "echo kept > /out/result.txt"),
         workdir=dirs.work, out_dir=dirs.out, env={}, limits=limits(), keep_workdir=False)
     result = sandbox_run(spec, identity=dirs.identity)
     assert (result.reason, result.stdout) == ("ok", b"compiled"), result.detail

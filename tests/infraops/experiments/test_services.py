@@ -293,10 +293,18 @@ def test_a_compile_cache_is_filled_once_a_side_off_the_samples_and_no_sample_lea
     request_experiment: Callable[..., Experiment],
 ) -> None:
     (example_source / "bench" / "scripted.py").write_text(COMPILE_CACHE_PROBE)
+    # A cache committed with the code: binaries no one compiled from its source. Removed.
+    committed = example_source / ".infraops-cache" / "triton"
+    committed.mkdir(parents=True)
+    for batch in (2, 8):
+        (committed / f"kernel-{batch}.bin").write_text("planted")
     target = register_variant(tmp_path, example_source, "compile-cache",
                               command='"python3 bench/scripted.py"',
                               repeat="5\ncompile_cache = true\nextra_repeats = 0")
-    result = experiment_execute(experiment_id=request_experiment(target).pk, worker=WORKER)
+    # The run's seed is known to its agent: a fill told it could compute the samples' results
+    # ahead, so the samples of a probe with a compile cache get a seed of the attempt's own.
+    result = experiment_execute(
+        experiment_id=request_experiment(target, seed=2**31 - 5).pk, worker=WORKER)
 
     assert result is not None and result.status == Experiment.Status.SUCCEEDED, (
         result and result.failure_reason)
@@ -311,7 +319,7 @@ def test_a_compile_cache_is_filled_once_a_side_off_the_samples_and_no_sample_lea
     assert [e.stdout.strip() for e in executions] == ["cold=1 memo=0"] * 2 + [
         "cold=0 memo=0"] * 10
     samples = result.executions.filter(repeat_index__gte=0)
-    assert len({e.seed for e in samples}) == 1
+    assert len({e.seed for e in samples}) == 1 and samples[0].seed != 2**31 - 5
     assert {e.seed for e in executions[:2]}.isdisjoint({e.seed for e in samples})
     values = sorted(Sample.objects.filter(execution__in=samples).values_list("value", flat=True))
     assert values == pytest.approx([10 * (1 + 0.001 * (i // 2)) for i in range(10)])
@@ -319,6 +327,23 @@ def test_a_compile_cache_is_filled_once_a_side_off_the_samples_and_no_sample_lea
     # which the baseline's cache does not hold) is not.
     [left] = [f for f in result.feedback["findings"] if f["kind"] == "left-behind"]
     assert left["evidence"]["files"] == ["left-by-candidate"], left
+
+
+def test_a_compile_cache_file_changed_after_its_fill_is_left_behind(tmp_path: Path) -> None:
+    # What a fill left in the cache is exempt as it left it; a file changed or added there
+    # afterwards (by another probe's execution, whose writes are kept) is not.
+    cache = tmp_path / ".infraops-cache" / "triton"
+    cache.mkdir(parents=True)
+    (cache / "kernel.bin").write_text("compiled")
+    (cache / "other.bin").write_text("compiled")
+    filled = experiments_service.cache_listing(tmp_path)
+    assert sorted(filled) == [".infraops-cache/triton/kernel.bin",
+                              ".infraops-cache/triton/other.bin"]
+    assert experiments_service.left_behind(tmp_path, set(), filled=filled) == []
+    (cache / "other.bin").write_text("memoised result")
+    (cache / "memo").write_text("x")
+    assert experiments_service.left_behind(tmp_path, set(), filled=filled) == [
+        ".infraops-cache/triton/memo", ".infraops-cache/triton/other.bin"]
 
 
 def test_samples_are_stored_for_both_sides(finished_experiment: Experiment) -> None:
