@@ -623,9 +623,11 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
                 shutil.rmtree(trees[side] / COMPILE_CACHE_FOLDER, ignore_errors=True)
             sandbox.sandbox_prepare_dir(trees[side], identity)
 
-        def prepare_candidate() -> dict[str, str | None]:
+        def prepare_candidate() -> tuple[dict[str, str | None], dict[str, set[str]]]:
+            # Git only, no database: while the baseline's first execution runs.
             checkout("candidate")
-            return _probe_file_ids(repo, experiment, probes)  # git only: no database here
+            committed = {side: set(gitops.list_files(repo, commits[side])) for side in commits}
+            return _probe_file_ids(repo, experiment, probes), committed
 
         checkout("baseline")
         # The candidate's checkout overlaps the baseline's first run (ABBA starts with the
@@ -635,8 +637,8 @@ def _run_probes(experiment: Experiment, lease: _Lease, workdir: Path) -> None:
             attempt = _Attempt(experiment, lease, workdir, identity, trees,
                                before_candidate=candidate_ready.result)
             failures = _run_all(attempt, probes)
-            ids = candidate_ready.result()
-    left = {side: left_behind(trees[side], set(gitops.list_files(repo, commits[side])),
+            ids, committed = candidate_ready.result()
+    left = {side: left_behind(trees[side], committed[side],
                               filled=attempt.cache_files.get(side, {}))
             for side in commits}
 
