@@ -76,9 +76,15 @@ def missing_worker_message(queue: str) -> str | None:
             f"`celery -A infraops.project worker -Q {queue}`.")
 
 
+# What a tick meets when a server it talks to is gone (Redis restarting or stopped before this
+# worker at shutdown, a network cut): said in one line, once until it answers again.
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError)
+
+
 class Periodic:
     """A daemon thread calling `tick()` every `interval` seconds until stopped. A tick that
-    raises is logged; the next one runs as planned."""
+    raises is logged (a server out of reach in one line, once until it answers again, where
+    a traceback would say nothing more); the next one runs as planned."""
 
     thread_name = "infraops-periodic"
 
@@ -86,6 +92,7 @@ class Periodic:
         self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._unreachable = False
 
     def start(self) -> None:
         self._thread.start()
@@ -100,8 +107,17 @@ class Periodic:
         while not self._stop.is_set():
             try:
                 self.tick()
+            except UNREACHABLE as exc:
+                if not self._unreachable:
+                    log.warning("%s: out of reach (%s: %s); trying again every %g s",
+                                self.thread_name, type(exc).__name__, exc, self.interval)
+                self._unreachable = True
             except Exception:  # the thread must outlive any one bad tick
                 log.warning("%s failed", self.thread_name, exc_info=True)
+            else:
+                if self._unreachable:
+                    log.info("%s: reachable again", self.thread_name)
+                self._unreachable = False
             self._stop.wait(self.interval)
 
 

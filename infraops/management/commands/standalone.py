@@ -290,7 +290,13 @@ class Command(BaseCommand):
     # --- children -----------------------------------------------------------------------
 
     def _start(self, env: dict[str, str], command: list[str]) -> subprocess.Popen[bytes]:
-        child = subprocess.Popen(command, env=env, cwd=settings.BASE_DIR)
+        """Start a child in a session of its own: a terminal's Ctrl-C, sent to the whole
+        foreground group, reaches this process alone, and _stop ends the children in order
+        (a worker still starting would otherwise print KeyboardInterrupt's traceback, and the
+        embedded Redis would be gone before the workers that use it). A child still gets
+        SIGTERM when this process dies, however it dies."""
+        child = subprocess.Popen(command, env=env, cwd=settings.BASE_DIR,
+                                 start_new_session=True, preexec_fn=_terminated_with_parent)
         self.children.append(child)
         return child
 
@@ -335,6 +341,14 @@ class Command(BaseCommand):
 
 
 STOP_GRACE = 15.0
+_PR_SET_PDEATHSIG = 1
+
+
+def _terminated_with_parent() -> None:
+    """In the child before it execs: SIGTERM when the process that started it dies."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 WEB_READY_SECONDS = 120
 
 

@@ -5,10 +5,13 @@ Each test uses its own queue names so that real workers on the same Redis never 
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 import uuid
 
 import pytest
+import redis
 
 from infraops.experiments import workers
 
@@ -75,6 +78,43 @@ def test_the_heartbeat_thread_beats_until_stopped(
 
     time.sleep(1.5)
     assert workers.missing_worker_message(f"{prefix}.gpu") is not None
+
+
+def test_a_server_out_of_reach_is_said_once_in_one_line_until_it_answers_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Redis stopped before the worker (a Ctrl-C reaches both at once) or restarting: a warning
+    # with a traceback every beat said nothing more than its first line.
+    outcomes = [redis.ConnectionError("Error 2 connecting to /data/redis.sock."),
+                redis.ConnectionError("Connection closed by server."), None,
+                ValueError("a bug")]
+    done = threading.Event()
+
+    class Ticks(workers.Periodic):
+        thread_name = "infraops-test-ticks"
+
+        def tick(self) -> None:
+            if not outcomes:
+                done.set()
+                return
+            outcome = outcomes.pop(0)
+            if outcome is not None:
+                raise outcome
+
+    caplog.set_level(logging.INFO, logger=workers.log.name)
+    ticks = Ticks(0.01)
+    ticks.start()
+    try:
+        assert done.wait(timeout=60)
+    finally:
+        ticks.stop()
+    said = [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert said[:3] == [
+        ("WARNING", "infraops-test-ticks: out of reach (ConnectionError: Error 2 connecting to "
+                    "/data/redis.sock.); trying again every 0.01 s", False),
+        ("INFO", "infraops-test-ticks: reachable again", False),
+        ("WARNING", "infraops-test-ticks failed", True),  # anything else keeps its traceback
+    ]
 
 
 def test_an_unreachable_redis_is_said_in_words(settings, prefix: str) -> None:
