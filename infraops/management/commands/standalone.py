@@ -138,7 +138,10 @@ class Command(BaseCommand):
             os.environ["XDG_RUNTIME_DIR"] = str(runtime)
         self.children: list[subprocess.Popen[bytes]] = []
         self.backing: list[subprocess.Popen[bytes]] = []  # the embedded Redis, stopped last
+        # Ctrl-C too, explicitly: a process started with SIGINT ignored (a background job of a
+        # script, a test runner's worker) inherits that, and Python then leaves it ignored.
         signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
         env = os.environ | {"INFRAOPS_DATA": str(data), "SECRET_KEY": self._secret_key(data),
                             "PYTHONUNBUFFERED": "1"}
         try:
