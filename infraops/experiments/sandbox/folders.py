@@ -64,6 +64,18 @@ def _make_owner_writable(entry: Path) -> None:
     entry.chmod(stat.S_IMODE(info.st_mode) | wanted)
 
 
+def give_back_owner_bits(root: Path) -> None:
+    """Not root: the owner's read and write bits (and search, on folders) on everything below
+    root this uid owns, each folder before it is entered (a run as this uid may have taken them
+    away from what it left)."""
+    if os.geteuid() == 0:
+        return
+    _make_owner_writable(root)
+    for folder, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            _make_owner_writable(Path(folder, name))
+
+
 def sandbox_read_output(out_dir: Path, name: str, *, max_bytes: int) -> bytes | None:
     """Up to max_bytes of the regular file ``out_dir/name`` written by a probe.
 

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Final
 
 from infraops.experiments.sandbox.config import SandboxSpec, SandboxUnavailable
-from infraops.experiments.sandbox.folders import _make_owner_writable
+from infraops.experiments.sandbox.folders import give_back_owner_bits
 from infraops.experiments.sandbox.mounts import _etc_parent
 
 log = logging.getLogger("infraops.experiments.sandbox")
@@ -160,7 +160,7 @@ def throwaway_workdir(workdir: Path) -> Path:
     is not to be kept where no scratch can be mounted; the caller removes it (remove_throwaway).
     Not root, the sandbox runs as this uid and may have taken its own read bits away from what
     it left: they are given back first, as sandbox_prepare_dir does."""
-    _give_back_owner_bits(workdir)
+    give_back_owner_bits(workdir)
     copy = workdir.parent / f".{workdir.name}.run-{os.getpid()}-{next(_serial)}"
     copy.mkdir(mode=0o700)
     try:
@@ -173,22 +173,11 @@ def throwaway_workdir(workdir: Path) -> Path:
     return copy
 
 
-def _give_back_owner_bits(root: Path) -> None:
-    """Not root: the owner's read and write bits (and search, on folders) on everything below
-    root this uid owns, each folder before it is entered."""
-    if os.geteuid() == 0:
-        return
-    _make_owner_writable(root)
-    for folder, dirs, files in os.walk(root):
-        for name in (*dirs, *files):
-            _make_owner_writable(Path(folder, name))
-
-
 def remove_throwaway(copy: Path) -> None:
     """Remove a throwaway copy, whatever modes the run left on it (a folder it made
     unwritable cannot be emptied until it is given its write bit back)."""
     with contextlib.suppress(OSError):
-        _give_back_owner_bits(copy)
+        give_back_owner_bits(copy)
     shutil.rmtree(copy, ignore_errors=True)
     if copy.exists():
         log.warning("a sandbox's throwaway copy of its work tree could not be removed: %s", copy)

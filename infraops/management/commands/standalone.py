@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import secrets
 import signal
@@ -344,15 +345,15 @@ class Command(BaseCommand):
 
 
 STOP_GRACE = 15.0
+WEB_READY_SECONDS = 120
 _PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _terminated_with_parent() -> None:
-    """In the child before it execs: SIGTERM when the process that started it dies."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-WEB_READY_SECONDS = 120
+    """In the child between fork and exec (nothing imported there): SIGTERM when the process
+    that started it dies."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _stop_together(children: list[subprocess.Popen[bytes]]) -> None:
