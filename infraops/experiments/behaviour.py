@@ -14,7 +14,6 @@ thread (infraops/feedback/traces.py), as findings (infraops/feedback/findings.py
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -37,6 +36,9 @@ PAIR_SHARE = 0.10  # a span that ran this share of a grown span's idle time is p
 WAITED_SHARE = 0.10
 SIDES = ("baseline", "candidate")
 MIN_CHANGE = 0.10  # a span whose total changed less than this is not reported
+# A call over this many times its span's median call in the same trace counts at that bound in
+# the span's total (traces.bounded_total): a stall or a cold first call is not a change.
+STALL_FACTOR = 10.0
 MAX_REPEAT_TRACES = 6  # traces a side read to confirm a span change
 MAX_TIMELINES = 4  # per-thread timelines an experiment's feedback keeps for its page
 
@@ -117,7 +119,7 @@ def _span_changes(probe: Probe, key: str, runs: Runs,
 
 def _holds_across_repeats(finding: Finding, repeats: dict[str, list[traces.Trace]]) -> bool:
     """A span change seen between the first traces must hold between the medians of every
-    repeat's total for that span: one stalled call in one trace is not a change."""
+    repeat's (bounded) total for that span: one stalled trace is not a change."""
     name = finding.evidence.get("span")
     if name is None or min(len(repeats["baseline"]), len(repeats["candidate"])) < 2:
         return True
@@ -132,7 +134,8 @@ def _holds_across_repeats(finding: Finding, repeats: dict[str, list[traces.Trace
 
 
 def _span_total(trace: traces.Trace, name: str) -> float:
-    return math.fsum(span.end_us - span.start_us for span in trace.spans if span.name == name)
+    durations = [span.end_us - span.start_us for span in trace.spans if span.name == name]
+    return traces.bounded_total(durations, STALL_FACTOR)[0]
 
 
 def overlap_findings(probe: str, variant: str, trace: traces.Trace, evidence: dict[str, Any],
@@ -194,12 +197,14 @@ def overlap_findings(probe: str, variant: str, trace: traces.Trace, evidence: di
 
 def change_findings(probe: str, variant: str, baseline: traces.Trace, candidate: traces.Trace,
                     evidence: dict[str, Any]) -> list[Finding]:
-    """The TOP_CHANGES spans whose total time changed by 10% or more; one that grew or is new
-    carries the attribution of its idle time on the candidate's trace and, when some span on
-    another thread ran for PAIR_SHARE or more of that idle time, the pair's overlap per side."""
+    """The TOP_CHANGES spans whose total time changed by 10% or more (each call counted at most
+    STALL_FACTOR times its span's median call); one that grew or is new carries the
+    attribution of its idle time on the candidate's trace and, when some span on another
+    thread ran for PAIR_SHARE or more of that idle time, the pair's overlap per side."""
     found = []
     attributions = _Attributions(candidate)
-    for change in traces.trace_diff(baseline, candidate, min_change=MIN_CHANGE)[:TOP_CHANGES]:
+    for change in traces.trace_diff(baseline, candidate, min_change=MIN_CHANGE,
+                                    stall_factor=STALL_FACTOR)[:TOP_CHANGES]:
         attribution = paired = None
         if change.status in ("grew", "new"):
             attribution = attributions.get(change.name)

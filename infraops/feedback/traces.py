@@ -28,6 +28,7 @@ import itertools
 import json
 import math
 import re
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -695,7 +696,8 @@ class SpanChange:
     """One span name's time in the baseline and candidate traces, summed over threads.
 
     change_us is candidate total - baseline total; relative_change divides it by the baseline
-    total (None for a new span or a zero baseline; -1.0 for a gone one).
+    total (None for a new span or a zero baseline; -1.0 for a gone one). `bounded`: the calls,
+    both sides together, counted at trace_diff's stall bound rather than at their length.
     """
 
     name: str
@@ -708,6 +710,8 @@ class SpanChange:
     candidate_p50_us: float | None
     change_us: float
     relative_change: float | None
+    bounded: int = 0
+    stall_factor: float | None = None
 
     @property
     def detail(self) -> str:
@@ -722,8 +726,11 @@ class SpanChange:
             return (f"{self.name} is gone (was {_spans(self.baseline_count)}, p50 {base_p50}, "
                     f"total {base_total})")
         by = "" if self.relative_change is None else f" {abs(self.relative_change):.0%}"
+        bounded = "" if not self.bounded else (
+            f"; {_calls(self.bounded)} over {self.stall_factor:g}x their span's median in "
+            "their trace counted at that bound (stalls)")
         return (f"{self.name} {self.status}{by} (p50 {base_p50} -> {cand_p50}, "
-                f"total {base_total} -> {cand_total})")
+                f"total {base_total} -> {cand_total}{bounded})")
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status,
@@ -733,23 +740,29 @@ class SpanChange:
                 "candidate_count": self.candidate_count,
                 "candidate_total_us": self.candidate_total_us,
                 "candidate_p50_us": self.candidate_p50_us, "change_us": self.change_us,
-                "relative_change": self.relative_change, "detail": self.detail}
+                "relative_change": self.relative_change, "bounded": self.bounded,
+                "detail": self.detail}
 
 
-def trace_diff(baseline: Trace, candidate: Trace, *, min_change: float = 0.05) -> list[SpanChange]:
+def trace_diff(baseline: Trace, candidate: Trace, *, min_change: float = 0.05,
+               stall_factor: float | None = None) -> list[SpanChange]:
     """Span names whose total time (summed over threads) changed between the traces.
 
     A name in both traces is reported when its total changed by at least `min_change` of the
     baseline total (any change when the baseline total is 0); a name in one trace only is always
     reported, as "new" or "gone". Sorted by the absolute change in total time, largest first,
-    then name. Raises ValueError for a negative `min_change`.
+    then name. `stall_factor`: totals are `bounded_total`s (a call stalled by a loaded machine,
+    or paying a first call's cold start, counts at most that many times its span's median).
+    Raises ValueError for a negative `min_change` or a `stall_factor` under 1.
     """
     if min_change < 0:
         raise ValueError(f"min_change must be >= 0, not {min_change}")
+    if stall_factor is not None and stall_factor < 1:
+        raise ValueError(f"stall_factor must be >= 1, not {stall_factor}")
     before, after = _durations_by_name(baseline), _durations_by_name(candidate)
     changes = []
     for name in before.keys() | after.keys():
-        change = _span_change(name, before.get(name), after.get(name), min_change)
+        change = _span_change(name, before.get(name), after.get(name), min_change, stall_factor)
         if change is not None:
             changes.append(change)
     changes.sort(key=lambda c: (-abs(c.change_us), c.name))
@@ -1192,10 +1205,22 @@ def _durations_by_name(trace: Trace) -> dict[str, list[float]]:
     return groups
 
 
+def bounded_total(durations: Sequence[float], stall_factor: float | None) -> tuple[float, int]:
+    """The calls' total time with each call counted at most `stall_factor` times the median
+    call (None: no bound), and how many calls were bounded. Fewer than three calls are summed
+    as they are: their median is no typical call. A loaded machine that preempts one call of a
+    20-microsecond span for 7 ms (or a first call that pays a cold start) changes the span's
+    total 20-fold, not its calls; a change in every call moves the median with it."""
+    if stall_factor is None or len(durations) < 3:
+        return math.fsum(durations), 0
+    bound = stall_factor * statistics.median(durations)
+    return math.fsum(min(d, bound) for d in durations), sum(d > bound for d in durations)
+
+
 def _span_change(name: str, before: list[float] | None, after: list[float] | None,
-                 min_change: float) -> SpanChange | None:
-    base_total = math.fsum(before) if before else 0.0
-    cand_total = math.fsum(after) if after else 0.0
+                 min_change: float, stall_factor: float | None = None) -> SpanChange | None:
+    base_total, base_bounded = bounded_total(before or (), stall_factor)
+    cand_total, cand_bounded = bounded_total(after or (), stall_factor)
     change = cand_total - base_total
     if before and after:
         relative = change / base_total if base_total > 0 else None
@@ -1213,6 +1238,7 @@ def _span_change(name: str, before: list[float] | None, after: list[float] | Non
         candidate_count=len(after or ()), candidate_total_us=cand_total,
         candidate_p50_us=_percentile(after, 50) if after else None,
         change_us=change, relative_change=relative,
+        bounded=base_bounded + cand_bounded, stall_factor=stall_factor,
     )
 
 
@@ -1228,3 +1254,7 @@ def _duration(us: float, *, keep_zeros: bool = False) -> str:
 
 def _spans(count: int) -> str:
     return f"{count} span" if count == 1 else f"{count} spans"
+
+
+def _calls(count: int) -> str:
+    return f"{count} call" if count == 1 else f"{count} calls"

@@ -618,6 +618,37 @@ def test_trace_diff_of_a_trace_with_itself_is_empty() -> None:
     assert trace_diff(trace, trace) == []
     with pytest.raises(ValueError, match="min_change"):
         trace_diff(trace, trace, min_change=-1)
+    with pytest.raises(ValueError, match="stall_factor"):
+        trace_diff(trace, trace, stall_factor=0.5)
+
+
+# The case of a CI failure: a per-tile normalisation called 80 times (20 us) is called 20 times
+# (15 us) once the tiles merged, but one of the candidate's calls was preempted for 7 ms under
+# the suite's load (or paid a cold start): summed, the span "grew 348%".
+TILED = [complete("normalize", 100 * i, 20 + (i % 3)) for i in range(80)]
+MERGED = [complete("normalize", 100 * i, 15 + (i % 2)) for i in range(20)]
+MERGED_STALLED = [complete("normalize", 0, 7000), *MERGED[1:]]
+
+
+def test_a_stalled_call_does_not_turn_a_span_that_shrank_into_one_that_grew() -> None:
+    baseline, candidate = trace_of(*TILED), trace_of(*MERGED_STALLED)
+    raw = trace_diff(baseline, candidate)
+    assert [(c.name, c.status) for c in raw] == [("normalize", "grew")]
+    [change] = trace_diff(baseline, candidate, stall_factor=10)
+    assert (change.status, change.baseline_count, change.candidate_count) == ("shrank", 80, 20)
+    assert change.candidate_total_us == pytest.approx(9 * 15 + 10 * 16 + 160)  # stall at 10x 16
+    assert change.bounded == 1
+    assert change.detail.endswith(
+        "total 1.68 ms -> 455 µs; 1 call over 10x their span's median in their trace counted "
+        "at that bound (stalls))")
+    # A change in every call moves the median with it: bounded totals are the raw ones.
+    slower = trace_of(*[complete("normalize", 100 * i, 60) for i in range(80)])
+    [grew] = trace_diff(baseline, slower, stall_factor=10)
+    assert (grew.status, grew.bounded) == ("grew", 0)
+    assert grew.candidate_total_us == pytest.approx(80 * 60)
+    # Fewer than three calls are summed as they are.
+    pair = trace_of(complete("normalize", 0, 15), complete("normalize", 100, 7000))
+    assert trace_diff(trace_of(*MERGED[:2]), pair, stall_factor=10)[0].candidate_total_us == 7015
 
 
 # --- timeline ------------------------------------------------------------------------------
