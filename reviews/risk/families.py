@@ -15,6 +15,13 @@ defaults, compiler flags and architectures in build recipes and JIT compilers, e
 variables read as switches; and harmless refactors of kernel code that looked risky (a
 temporary inlined, a log-only branch, a docstring's example, a trailing comma).
 
+A third held-out set found more still: communicators split, streams re-owned, host thread
+counts, conditions over waits and collectives, what a collective sends, pinned staging
+copies, tolerance tables, layouts and TIR statements in kernels, serving limits under other
+names, HTTP timeouts, a launcher's strings, presets, environment switches read through a
+project's helper; and what changes nothing (a C branch that only logs, a barrier respelled,
+a kernel parameter's ``tl.constexpr``).
+
 Contract: ``family_findings(change, language, found, moves, changed)`` returns the extra
 findings of one file (order keys as ``analysers.analyse``), given the file's language, what
 the analysers ``found`` and which lines they saw ``changed``. Test files get only the test
@@ -29,15 +36,15 @@ that only define a new name a flagged line of another file uses.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from reviews.risk import files
 from reviews.risk.code import NATIVE as _NATIVE_SET
 from reviews.risk.code import PYTHON as _PYTHON_SET
 from reviews.risk.code import MoveIndex
 from reviews.risk.diff import ADDED, CONTEXT, REMOVED, DiffLine, FileChange, Hunk
-from reviews.risk.environment import waits_or_meets
+from reviews.risk.environment import switches_collective, waits_or_meets
 from reviews.risk.findings import MAX_TEXT, Finding
 from reviews.risk.lexers import Lexed, lex_c, lex_python
 from reviews.risk.lines import Ordered
@@ -50,6 +57,7 @@ from reviews.risk.signatures import (
     FAST_MATH_FLAGS,
     GPU_ARCH,
     KERNEL,
+    LAUNCH,
     NUMERICS,
     PRECISION,
     PRODUCTION,
@@ -70,17 +78,19 @@ _NUMBER = re.compile(r"(?<![\w.])(?:0[xX][0-9a-fA-F]+|\d+(?:\.\d*)?(?:[eE][-+]?\
 _TILE_NAME = (r"(?:\w*(?:BLOCK|TILE|SPLIT|SPLITS|CHUNK|WARPS|STAGES|TACTICS?|CONFIGS?)\w*|"
               r"\w*(?:block|tile|split|splits|chunk)_(?!(?:idx|id|index|ptr|offset|offsets|start|"
               r"end|begin|stop|base|stride)\b)\w*|\w*_(?:tile|tiles|split|splits|chunk)|"
-              r"num_warps|num_stages|num_ctas|B[TKVSMNDCH]|BLOCK|BS|NV|NK)")
+              r"num_warps|num_stages|num_ctas|B[TKVSMNDCH]|BLOCK|BS|NV|NK|"
+              r"\w*(?:Block|Tile|Splits?|Warps|Stages)[A-Z]\w*)")
 _TILING = re.compile(rf"(?:^|[\s,(]){_TILE_NAME}\s*(?::\s*[\w.\[\], ]+)?=(?!=)|"
                      r"\btriton\.Config\(|\bfor\s+B[A-Z]?\s+in\s+\[")
 # A name set to nothing yet (a cache, a table filled later) holds no size.
 _EMPTY_VALUE = re.compile(r"=\s*(?:\{\s*\}|\[\s*\]|None|dict\(\s*\)|list\(\s*\))\s*$")
 _OPENS_TABLE = re.compile(rf"^\s*{_TILE_NAME}\s*(?::[^=]*)?=\s*[\[({{]\s*$")
+_OPENS_NAMED = re.compile(r"^\s*(\w+)\s*(?::[^=]*)?=\s*[\[({]\s*$")
 _TOLERANCE = re.compile(r"(?i)\b(?:a?tol|rtol|atol|tolerance|eps|ratio|err_ratio|"
                         r"assert_close|allclose|assert_allclose|isclose|check_close)\b")
 # Names of a tolerance as identifier words (abs_tol, fwd_atol, rtol_logits), and a row of bare
 # numbers (a parametrised test's table: its columns have no names).
-_TOLERANCE_WORDS = frozenset({"tol", "atol", "rtol", "tolerance", "tolerances", "eps",
+_TOLERANCE_WORDS = frozenset({"tol", "tols", "atol", "rtol", "tolerance", "tolerances", "eps",
                               "epsilon"})
 _TOLERANCE_WORD = re.compile(words(*_TOLERANCE_WORDS))
 _NUMBER_ROW = re.compile(r"^\s*[-+]?(?:\d|\.\d)[-+\w.]*\s*(?:,\s*[-+]?(?:\d|\.\d)[-+\w.]*\s*)*,?"
@@ -137,7 +147,8 @@ _TARGET = re.compile(r"^\s*#\s*define\s+(\w+)\s|^[^=(\[{]*?\b(\w+)\s*(?::[^=]*)?
 _WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
 # Names of a number format: a quantisation scale, a width in bits, an epsilon, a clamp.
 _FORMAT_WORDS = frozenset({"scale", "scales", "bits", "eps", "epsilon", "amax", "mantissa",
-                           "exponent", "softcap", "clamp", "clip"})
+                           "exponent", "softcap", "clamp", "clip", "lowest", "infinity",
+                           "tol", "atol", "rtol", "tolerance"})
 # Names of how long a thread waits or polls before it gives up.
 _WAIT_WORDS = frozenset({"timeout", "timeouts", "poll", "polls", "polling", "spin", "wait",
                          "waits", "deadline", "retries", "backoff", "heartbeat"})
@@ -173,7 +184,7 @@ _RISKY_PATH = re.compile(r"(?i)(?:^|/)(?:ops|kernels?|csrc|cuda|triton|layers|mo
                          r"deploy\w*|launch\w*|comm|moe\w*|attention|gemm|jit)(?:/|\.|_|$)")
 # Device code: a line that only GPU code writes.
 _DEVICE_MARKS = (r"__global__|__device__|__shared__|threadIdx|blockIdx|__syncthreads|__ldg|"
-                 r"warpgroup_|cute::|cutlass::arch")
+                 r"warpgroup_|cute::|cutlass::arch|__host__|\w*HOST_DEVICE\b|__forceinline__")
 _DEVICE_SUFFIXES = (".cu", ".cuh", ".hip")
 _DEVICE_MARK = re.compile(_DEVICE_MARKS)
 # Code that runs a compiler: it passes nvcc, NVRTC or hipcc their flags.
@@ -182,7 +193,7 @@ _COMPILER = re.compile(r"nvcc|nvrtc|hipcc|ptxas|NVCC|NVRTC|--gpu-architecture|-g
 _LITERAL = re.compile(r"\b(?:true|false|True|False|None|nullptr)\b|"
                       r"(?<![\w.])-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?[uUlLfF]*|\"[^\"]*\"|'[^']*'")
 _KERNEL_DSL = re.compile(r"@triton\.jit|tl\.(?<![\w.]tl\.)\w|cute\.\w|cutlass\.\w|T\.Kernel|"
-                         r"tilelang|gluon")
+                         r"tilelang|gluon|T\.prim_func|T\.thread_binding")
 _RISKY_CODE = re.compile(r"@triton\.jit|\btl\.\w|__global__|__device__|\bdef\s+forward\b|"
                          r"<<<|\bT\.Kernel\b|\bcute\.\w|\btorch\.\w|asm\s+volatile|"
                          r"\b(?:uvicorn|serve|app|server)\.(?:run|start|deployment)\b|"
@@ -228,8 +239,9 @@ _RNG = re.compile(r"\b(?:std::)?(?:mt19937(?:_64)?|minstd_rand0?|default_random_
 # Which kernel computes: flash attention, SDPA, cuDNN, cuBLAS, Triton, Marlin ... on or off.
 _KERNEL_CHOICE = frozenset({"flash", "sdpa", "cudnn", "cublas", "cublaslt", "triton", "marlin",
                             "machete", "exllama", "fused", "deterministic", "tf32", "cutlass",
-                            "flashinfer", "xformers", "ck"})
-_SWITCH_VALUE = re.compile(r"\b(?:true|false|True|False)\b|[\"'][\w.-]*[\"']")
+                            "flashinfer", "xformers", "ck", "allreduce"})
+_SWITCH_VALUE = re.compile(r"\b(?:true|false|True|False)\b|[\"'][\w.-]*[\"']|"
+                           r"\b[A-Z]\w*\.[A-Z][A-Z0-9_]*\b")
 _CONDITION = re.compile(r"^\s*(?:el(?:se\s+)?if|if|while|else\s+if)\b")
 _LOGIC_TOKEN = re.compile(r"\b(?:and|or|not|is|in|true|false|True|False|None|nullptr)\b|"
                           r"==|!=|<=|>=|&&|\|\||(?<![<>=!-])[<>](?![<>=])|!(?!=)")
@@ -239,6 +251,84 @@ _ENV_READ = re.compile(r"\b(?:os\.environ\.get|os\.getenv|getenv|std::getenv|"
 _FLAG_STRING = re.compile(r"""(["'])(-{1,2}[A-Za-z][^"'\s]*)\1""")
 _FAST_MATH_FLAG = re.compile(FAST_MATH_FLAGS.pattern)
 _ARCH = re.compile(GPU_ARCH)
+
+# --- Fourth round (issue 27, the third held-out set) -----------------------------------------
+# Communicators and process groups split, duplicated or created: which ranks meet in a
+# collective, and who else issues work on the same communicator (tp_group->Split(0, 0)).
+_COMMUNICATOR = re.compile(r"(?:->|\.)\s*(?:Split|split|Dup|dup|Clone)\s*\((?=[^)]*\))|"
+                           r"\b(?:nccl|MPI_|mpi_)Comm_?(?:Split|Dup|split|dup|Create|create)\w*"
+                           r"\s*\(|\bnew_(?:sub)?groups?\w*\s*\(")
+_COMMUNICATOR_HINT = re.compile(r"plit|Dup|dup|Clone|Comm|new_")
+# Names of what a host thread issues GPU work or collectives on: who owns one decides what
+# waits for what (a stream shared by every instance of a class).
+_STREAM_WORDS = frozenset({"stream", "streams", "event", "events", "communicator", "comm",
+                           "comms", "nccl"})
+# Names of host threads and workers: a count passed to a pool, an I/O handle, a loader.
+_THREAD_HINT = re.compile(r"(?i)thread|worker")
+_ARGUMENT_NAME = re.compile(r"[(,]\s*([A-Za-z_]\w*)\s*(?=[,)])")  # a name passed as an argument
+_WORKER_WORDS = frozenset({"threads", "nthreads", "workers", "nworkers", "worker"})
+# Collectives and stream steps a condition may guard: which ranks or streams meet, not what
+# is summed (the reduction's name in the condition is plumbing, `outer_..._grad_reduce`).
+_COLLECTIVE = re.compile(r"\b\w*(?:all_reduce|allreduce|reduce_scatter\w*|all_gather\w*|"
+                         r"all_to_all\w*|broadcast\w*|barrier|isend|irecv|send|recv)\s*\(|"
+                         r"\.(?:wait_stream|synchronize|record_stream|wait_event|wait)\s*\(")
+# A collective whose first argument the code around it prepares: the tensor must have the same
+# shape on every rank, or the ranks hang.
+_SENT = re.compile(r"\b(?:dist|torch\.distributed|group|self\.\w+)\.(?:broadcast|all_reduce|"
+                   r"all_gather\w*|reduce_scatter\w*|gather|scatter|reduce|send|recv|isend|"
+                   r"irecv|all_to_all\w*)\s*\(\s*(\w+)")
+_BINDS = re.compile(r"^\s*(\w+)\s*(?:[-+*/]?=(?!=)|\.(?:append|extend|resize_|copy_)\s*\()")
+_CONDITION_HINT = re.compile(r"\b(?:if|while)\b")
+_WARP_SYNC_HINT = re.compile(r"fence|sync|barrier|wait|shfl|__|bar\.")
+# A file of distributed plumbing: the order ranks issue collectives in is what its sort decides.
+_DISTRIBUTED_PATH = re.compile(r"(?i)(?:^|/)(?:distributed|fsdp|ddp|comm\w*|collectives?|"
+                               r"parallel_state|zero)(?:/|_|\.)")
+_SORTS = re.compile(r"\bsorted\s*\(|\.sort\s*\(")
+# Host buffers pinned for asynchronous copies, and the copies themselves: where the host waits.
+_PINNED = re.compile(r"\bpin_memory\s*\(|\bpinned\w*|\bnon_blocking\s*=")
+# One precision by its spellings (`.float()`, `torch.float32`, `fp32`): a copy rewritten with
+# the same precision named on both sides of its run rounds as it did.
+_PRECISIONS = (("f32", re.compile(r"\bfloat32\b|\bfp32|\.float\(\)|\btorch\.float\b")),
+               ("f16", re.compile(r"\bfloat16\b|\bfp16|\.half\(\)|\btorch\.half\b")),
+               ("bf16", re.compile(r"\bbfloat16\b|\bbf16")),
+               ("f64", re.compile(r"\bfloat64\b|\bfp64|\.double\(\)")))
+# Serving limits under the names engines give them, with their affixes (a per-GPU
+# `max_batch_size_map`, `self.prefill_chunk_size`): how production batches requests.
+_SERVING_LIMIT = re.compile(r"max_batch_size|prefill_chunk_size|chunked_prefill_size|"
+                            r"max_num_seqs|max_num_batched_tokens|max_total_tokens?|"
+                            r"max_prefill_tokens|max_running_requests|max_model_len|"
+                            r"session_len|cache_max_entry_count|max_concurrency|"
+                            r"context_window_size|max_seq_len")
+# A timeout of the HTTP layer (a proxy's client, a server's keep-alive): a serving setting.
+_NETWORK_TIMEOUT = re.compile(r"(?i)\w*(?:http|api|client|request|read|connect|keep_?alive|"
+                              r"proxy)\w*timeout\w*|\w*timeout\w*(?:http|keep_?alive)\w*")
+# A file of presets and defaults the service is compiled or started with.
+_DEFAULTS_PATH = re.compile(r"(?:^|/)\w*(?:flags|presets?|defaults)\.py$")
+_ENUM_VALUE = re.compile(r"\b[A-Z]\w*\.[A-Z][A-Z0-9_]*\b")
+# An environment variable read through a project's helper (env_to_bool('LMDEPLOY_X', False)).
+_ENV_HELPER = re.compile(r"""\b\w*(?:env|Env|ENV)\w*\s*\(\s*["']([A-Z][A-Z0-9_]{2,})["']""")
+# TVM's TIR (mlc-llm's kernels): T.* calls inside a prim_func are the kernel's statements.
+_TIR = re.compile(r"\bT\.(?:prim_func|thread_binding|block|axis|grid|serial|launch_thread|"
+                  r"Kernel)\b")
+_TIR_CALL = re.compile(r"\bT\.\w+\s*\(")
+# A one-line function returning a value (numeric_limits<bf16>::epsilon() { return ...; }).
+_RETURNS = re.compile(r"\b(\w+)\s*\([^()]*\)\s*(?:const\s*)?(?:noexcept\s*)?\{\s*return\b")
+# Names of a layout: strides, leading dimensions and pitches decide which element is read.
+_LAYOUT_WORDS = frozenset({"stride", "strides", "ld", "lda", "ldb", "ldc", "ldd", "pitch"})
+# Native code in a kernel library's folders (headers of CUTLASS collectives, fmha kernels).
+_DEVICE_PATH = re.compile(r"(?i)(?:^|/)(?:kernels?|fmha|collective|epilogue|cutlass|cute|"
+                          r"mainloop)/|(?:^|/)(?:csrc|cuda)/.*\.(?:h|hpp|cuh|inl)$")
+# Python in a kernel DSL's folder (CUTLASS's CuTeDSL examples): kernels whose `cute.` calls may
+# be out of the hunk's sight.
+_DSL_PATH = re.compile(r"(?i)(?:^|/)(?:cutedsl|cute_dsl|gluon)/")
+# A log statement of C and C++ (a macro, printf, a stream to std::cerr).
+_NATIVE_LOG = re.compile(r"^\s*(?:[\w:]*LOG\w*|[\w:]*Log\w*|printf|fprintf|std::(?:cerr|cout|"
+                         r"clog)|spdlog::\w+)\b\s*(?:\(|<<)")
+_NATIVE_BRANCH = re.compile(r"^(\s*)(?:\}\s*)?(?:else\s+)?(?:if\s*\((?:[^()]|\w*VERSION\w*"
+                            r"\([^()]*\))*\)|else)\s*\{?\s*$")
+# A barrier's argument spelled as an enum member or as its string (the newer API):
+# ProxyKind.async_shared and "async.shared", SharedSpace.shared_cta and "cta".
+_ARGUMENT = re.compile(r"""(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)|["']([^"']*)["']""")
 
 
 @dataclass
@@ -252,13 +342,22 @@ class Families:
     linked: set[Order]  # lines of a build recipe: what is linked, not what synchronises
     # A build recipe: its threads are compiler jobs, its dtypes name the sources it compiles.
     build: bool = False
+    # Lines where the fourth round's families say what the analysers' rules misread: a
+    # network timeout is serving, not a thread's wait; a branch that only logs, a barrier or
+    # a copy respelled changes nothing of theirs (line -> the rules that give way).
+    given_way: dict[Order, set[str]] = field(default_factory=dict)
 
     def supersedes(self, order: Order, finding: Finding) -> bool:
         """Whether the analysers' ``finding`` at ``order`` gives way to a family's."""
         return (order in self.explained and finding.rule in (KERNEL, ACCUMULATION)) or (
             order in self.linked and finding.category == CONCURRENCY) or (
             self.build and (finding.rule == THREADS or (
-                finding.category == NUMERICS and finding.rule != FAST_MATH)))
+                finding.category == NUMERICS and finding.rule != FAST_MATH))) or (
+            finding.rule in self.given_way.get(order, ()))
+
+    def give_way(self, orders: Iterable[Order], *rules: str) -> None:
+        for order in orders:
+            self.given_way.setdefault(order, set()).update(rules)
 
 
 @dataclass(frozen=True)
@@ -272,6 +371,9 @@ class _File:
     device: bool  # holds GPU kernels: CUDA or HIP source, device code, a kernel DSL
     risky: bool  # holds kernels, launchers, a forward pass, serving or deployment
     launcher: bool  # its path says it starts or serves the service
+    distributed: bool  # its path says it is distributed plumbing (fsdp, comm, collectives)
+    defaults: bool  # its path says it holds presets the service is built or started with
+    tir: bool  # its diff shows TVM TIR kernels (T.prim_func, T.thread_binding)
     compiler: bool  # runs a compiler: a build recipe or code that passes nvcc flags
     unseen_kernel: bool  # the analysers found no numerics: a kernel's def may be out of sight
     flagged: frozenset[Order]  # lines the analysers found something on
@@ -289,10 +391,14 @@ def _file_of(change: FileChange, language: str | None, found: Sequence[Ordered],
     build = python and not test and _is_build_recipe(change, text)
     return _File(
         python=python, test=test, build=build,
-        device=code and not test and _holds_device_code(change, language, text),
+        device=code and not test and (_holds_device_code(change, language, text) or bool(
+            (_DEVICE_PATH if language == files.NATIVE else _DSL_PATH).search(change.path))),
         # A build recipe's own arithmetic (jobs, memory per job) is how fast the wheel builds.
         risky=code and not test and not build and _holds_risky_code(change, text),
         launcher=code and files.is_launcher(change.path),
+        distributed=bool(_DISTRIBUTED_PATH.search(change.path)),
+        defaults=bool(_DEFAULTS_PATH.search(change.path)),
+        tir=python and bool(_TIR.search(text)),
         compiler=build or (code and not test and bool(_COMPILER.search(text))),
         unseen_kernel=python and not any(f.category == NUMERICS for _, f in found),
         flagged=frozenset(order for order, _ in found),
@@ -330,8 +436,14 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
                 families.explained.update(_run_of(change.hunks[h], i, h))
     for h, hunk in enumerate(change.hunks):
         lines = list(_lines(hunk, lexer, config))
-        logged = _log_only(lines) if kind.python and not kind.test else set()
+        logged = _log_only(lines, kind.python) if code and not kind.test else set()
         families.explained.update((h, i) for i in logged)
+        if not kind.python:  # a C branch that only logs: its condition is nobody's collective
+            families.give_way(((h, i) for i in logged), SYNC, KERNEL, ACCUMULATION)
+        if code and not kind.test:
+            out += [((h, i), _finding(change, hunk.lines[i], rule, category, reason))
+                    for i, (rule, category, reason) in _fourth_round_runs(lines, h, kind,
+                                                                          families)]
         if code and not kind.test:
             for i, reason in _lanes_and_writers(lines):
                 families.explained.add((h, i))
@@ -356,9 +468,10 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
                     "changes a number, boolean, condition, dtype, call argument or environment "
                     "value in code that runs kernels or serves, and no rule knows it: a reviewer "
                     "decides")))
-    if families.explained:  # a run explained late: its families' kernel findings go too
+    if families.explained or families.given_way:  # explained late: its findings go too
         families.findings = [(order, f) for order, f in out if not (
-            order in families.explained and f.rule in (KERNEL, ACCUMULATION))]
+            order in families.explained and f.rule in (KERNEL, ACCUMULATION)) and (
+            f.rule not in families.given_way.get(order, ()))]
     kept = [(order, f) for order, f in found if not families.supersedes(order, f)]
     if not kept and not families.findings:
         families.findings = unsure
@@ -385,6 +498,7 @@ def _code_line_hits(lines: Sequence[_Line], i: int, order: Order, kind: _File,
         hits = [(DEPLOY, PRODUCTION, "changes a build recipe's libraries, link arguments, "
                  "architectures or build environment: the binary production runs")] + [
             hit for hit in hits if hit[1] != CONCURRENCY]
+    hits += _fourth_round_hits(line, order, kind, families)
     if _CLAMPED in hits and any(hit[1] == CONCURRENCY for hit in hits):
         hits.remove(_CLAMPED)  # weak: a block count clamped for a grid barrier
     if kind.build:
@@ -394,18 +508,21 @@ def _code_line_hits(lines: Sequence[_Line], i: int, order: Order, kind: _File,
     return _distinct(hits)
 
 
-def _log_only(lines: Sequence[_Line]) -> set[int]:
-    """The changed lines of a Python hunk that only log: a log or print call with the lines
-    its arguments run over, and an ``if``/``elif``/``else`` (on plain comparisons, no call)
-    whose body only logs. Their text is what a reader sees; no value changes."""
+def _log_only(lines: Sequence[_Line], python: bool = True) -> set[int]:
+    """The changed lines of a hunk that only log: a log or print call with the lines its
+    arguments run over, and an ``if``/``elif``/``else`` (on plain comparisons, no call; in
+    C, a version macro) whose body only logs. Their text is what a reader sees; no value
+    changes."""
     out: set[int] = set()
-    if not any(_LOG_CALL.match(line.code) for line in lines):
+    call = _LOG_CALL if python else _NATIVE_LOG
+    branch = _LOG_BRANCH if python else _NATIVE_BRANCH
+    if not any(call.match(line.code) for line in lines):
         return out
     for side in (ADDED, REMOVED):
         indices = [i for i, line in enumerate(lines) if line.kind in (CONTEXT, side)]
-        logging = _log_lines(lines, indices)
+        logging = _log_lines(lines, indices, call)
         for position, i in enumerate(indices):
-            header = _LOG_BRANCH.match(lines[i].code)
+            header = branch.match(lines[i].code)
             if header is None:
                 continue
             indent = len(header.group(1))
@@ -421,13 +538,14 @@ def _log_only(lines: Sequence[_Line]) -> set[int]:
     return out
 
 
-def _log_lines(lines: Sequence[_Line], indices: Sequence[int]) -> set[int]:
+def _log_lines(lines: Sequence[_Line], indices: Sequence[int],
+               call: re.Pattern[str] = _LOG_CALL) -> set[int]:
     """The lines of one side that are log or print calls, with their continuation lines."""
     out: set[int] = set()
     depth = 0
     for i in indices:
         code = lines[i].code
-        if depth > 0 or (_LOG_CALL.match(code)):
+        if depth > 0 or (call.match(code)):
             out.add(i)
             depth = max(0, depth + code.count("(") - code.count(")"))
     return out
@@ -459,6 +577,7 @@ class _Line:
     raw: str = ""  # the line with its strings, comments blanked
     sides: _RawSides | None = None  # the hunk's sides with their strings
     target: str | None = None  # the name the line assigns or #defines, if any
+    opened: str = ""  # the name of the table (``ERROR_ATOL = {``) the line sits in, if any
 
     @property
     def raw_other(self) -> str:
@@ -505,21 +624,27 @@ def _lines(hunk: Hunk, lexer: Callable[[Sequence[str]], list[Lexed]],
     joined = {kind: "\n".join(lines) + "\n" + _squash("".join(lines))
               for kind, lines in sides.items()}
     depth = 0  # open brackets of a decorator's call
+    opened = ""
     for line, code, raw in zip(hunk.lines, masked, raws, strict=True):
         decorated = depth > 0 or bool(_DECORATOR.match(code))
         if decorated:
             depth = max(0, depth + code.count("(") - code.count(")"))
+        opener = _OPENS_NAMED.match(code)
         if _OPENS_TABLE.match(code):
             table = code
         elif code.strip()[:1] in ("]", ")", "}") and not code.startswith((" " * 8, "\t\t")):
             table = ""
+        if opener:
+            opened = opener.group(1)
+        elif code.strip()[:1] in ("]", ")", "}"):
+            opened = ""
         if line.kind == CONTEXT:
             yield _Line(line.kind, line.text, code, table, None, None, "", decorated, raw)
             continue
         other = REMOVED if line.kind == ADDED else ADDED
         yield _Line(line.kind, line.text, code, table, shapes[other].get(_shape(code)),
                     forms[other].get(_form(code)), joined[other], decorated, raw, raw_sides,
-                    _assigned(code))
+                    _assigned(code), "" if opener else opened)
 
 
 def _across_barrier(change: FileChange, device: bool = False) -> list[Order]:
@@ -730,8 +855,12 @@ def _reads_environment(line: _Line) -> list[_Hit]:
     production sets when it deploys."""
     if not _ENV_READ.search(line.code) or _untouched_raw(line.raw, line):
         return []
-    return [(SERVING, PRODUCTION, "reads an environment variable: a switch production sets "
-             "when it deploys")]
+    hits: list[_Hit] = [(SERVING, PRODUCTION, "reads an environment variable: a switch "
+                         "production sets when it deploys")]
+    if any(switches_collective(name) for name in _QUOTED_NAME.findall(line.raw)):
+        hits.append((SYNC, CONCURRENCY, "reads a switch of a collective library (which "
+                     "communicator and stream collectives use)"))
+    return hits
 
 
 def _untouched_reads(line: _Line, elsewhere: str) -> bool:
@@ -919,9 +1048,31 @@ def _test_hits(line: _Line, added: str = "") -> list[_Hit]:
         hits.append((PRECISION, NUMERICS, "relaxes a comparison in a test (an exact check made "
                      "approximate, or given a tolerance it did not have): what used to fail now "
                      "passes"))
+    elif _sets_tolerance(line, added):
+        hits.append((PRECISION, NUMERICS, "sets a tolerance for comparisons the change does not "
+                     "add (under a condition, for one dtype): what used to fail may now pass"))
     if (_SEED.search(line.code) and _numbers_differ(line)) or _new(_SEED_CALL, line):
         hits.append((PRECISION, NUMERICS, "changes the seed a test compares results under"))
+    if _new(_TEST_SYNC, line):
+        hits.append((SYNC, CONCURRENCY, "changes how a test's ranks or streams wait for each "
+                     "other (a synchronize or a barrier in its set-up or teardown): a "
+                     "distributed suite that hangs or reads unfinished work"))
     return hits
+
+
+# Synchronisation in a test's harness: the device, a stream or the ranks of a distributed test.
+_TEST_SYNC = re.compile(r"\b(?:torch\.cuda\.synchronize|(?:dist|torch\.distributed)\.barrier|"
+                        r"\w+\.wait_stream|get_accelerator\(\)\.synchronize)\s*\(")
+
+
+def _sets_tolerance(line: _Line, added: str) -> bool:
+    """A new line that sets tolerance values (``tols = dict(rtol=2e-2, atol=1e-2)``) where the
+    file's change adds no comparison: the tolerance loosens (or replaces) one of comparisons
+    already there."""
+    return line.kind == ADDED and line.twin is None and line.kin is None and bool(
+        (_TOLERANCE_ARGUMENT.search(line.code) or (
+            line.target and set(_words_of(line.target)) & _TOLERANCE_WORDS))
+        and _NUMBER.search(line.code)) and not _COMPARISON.search(added)
 
 
 def _config_hits(line: _Line) -> list[_Hit]:
@@ -1028,3 +1179,287 @@ def judged_where_used(findings: list[Finding]) -> list[Finding]:
         if match and used.get(match.group(1), set()) - {f.path}:
             dropped.add(id(f))
     return [f for f in findings if id(f) not in dropped]
+
+
+# --- Fourth round (issue 27, the third held-out set) -----------------------------------------
+
+def _fourth_round_hits(line: _Line, order: Order, kind: _File,
+                       families: Families) -> list[_Hit]:
+    """The fourth round's families on one changed line of code (see docs/risk.md):
+    communicators split or created, streams re-owned, host thread counts, layouts and
+    number-format functions in kernel code, TIR statements, serving limits and network
+    timeouts, a launcher's literals, a preset's defaults, environment switches read through a
+    project's helper, a sort in distributed plumbing."""
+    code = line.code
+    if not code.strip() or _untouched(code, line) or _LOG_OR_RAISE.match(code):
+        return []
+    hits: list[_Hit] = []
+    renamed = line.kin is not None and not _numbers_differ(line) and not _logic_differs(line)
+    name = line.target
+    words = set(_words_of(name)) if name else set()
+    if _COMMUNICATOR_HINT.search(code) and _new_call(_COMMUNICATOR, line):
+        hits.append((SYNC, CONCURRENCY, "splits, duplicates or creates a communicator or "
+                     "process group: which ranks meet in a collective, and who else issues "
+                     "work on it"))
+    if words & _STREAM_WORDS and not renamed and not _DEF.match(code):
+        hits.append((SYNC, CONCURRENCY, f"changes which stream, event or communicator "
+                     f"{name} is: who shares it, and so what waits for what"))
+    if not kind.device and not renamed and _THREAD_HINT.search(code) and not _DEF.match(
+            code) and any(
+            set(_words_of(other)) & _WORKER_WORDS and not re.search(rf"\b{other}\b", line.other)
+            for other in _ARGUMENT_NAME.findall(code)):
+        hits.append((THREADS, CONCURRENCY, "changes how many host threads or workers run (a "
+                     "count passed or dropped): what runs concurrently"))
+    if kind.device and words & _LAYOUT_WORDS and not renamed:
+        hits.append((PRECISION, NUMERICS, f"changes a stride or leading dimension ({name}): "
+                     "which elements a kernel reads and combines"))
+    returned = _RETURNS.search(code)
+    if returned and set(_words_of(returned.group(1))) & _FORMAT_WORDS and _numbers_differ(
+            line):
+        hits.append((PRECISION, NUMERICS, f"changes what {returned.group(1)}() returns: a "
+                     "number format's limit or epsilon"))
+    if line.opened and set(_words_of(line.opened)) & _FORMAT_WORDS and _numbers_differ(line):
+        hits.append((PRECISION, NUMERICS, f"changes a row of {line.opened}: a tolerance, scale "
+                     "or epsilon of library code"))
+    if kind.tir and kind.unseen_kernel and not renamed and _TIR_CALL.search(code):
+        hits.append((KERNEL, NUMERICS, "changes a TIR statement (T.*) of a kernel: what it "
+                     "reads, computes or writes"))
+    if not renamed and ((name and _SERVING_LIMIT.search(name) and _value_changed(name, line))
+                        or (line.opened and _SERVING_LIMIT.search(line.opened)
+                            and _NUMBER.search(code) and line.twin is None)):
+        hits.append((SERVING, PRODUCTION, f"changes a serving limit ({name or line.opened}): "
+                     "how production batches and schedules requests"))
+    if _NETWORK_TIMEOUT.search(code):
+        families.give_way([order], THREADS)
+        hits.append((SERVING, PRODUCTION, "changes a timeout of the HTTP layer (a client, a "
+                     "proxy, a keep-alive): a serving setting"))
+    if kind.launcher and kind.python and not renamed and not _DEF.match(code) and _new_literal(
+            line):
+        hits.append((LAUNCH, PRODUCTION, "changes a literal of the launcher (a flag, a "
+                     "default, how a command or its environment is written): how production "
+                     "starts"))
+    if kind.defaults and name and _assigned_anew(name, line, _DEFAULT_VALUE):
+        hits.append((SERVING, PRODUCTION, f"changes a preset the service is built or started "
+                     f"with ({name})"))
+    helper = _ENV_HELPER.search(line.raw)
+    if helper and not kind.build and helper.group(1) not in line.raw_other:
+        hits.append((SERVING, PRODUCTION, f"reads {helper.group(1)}: a switch production sets "
+                     "when it deploys"))
+    if kind.distributed and _new(_SORTS, line):
+        families.explained.add(order)
+        hits.append((SYNC, CONCURRENCY, "changes the order work is issued in, in distributed "
+                     "code: ranks that issue collectives in different orders hang"))
+    return hits
+
+
+_DEFAULT_VALUE = re.compile(f"{_LITERAL.pattern}|{_ENUM_VALUE.pattern}")
+_STRING = re.compile(r"""[rfbuRFBU]*(?:"[^"\n]*"|'[^'\n]*')""")
+_HELP = re.compile(r"""\b(?:help|description|epilog|usage)\s*=\s*[rfbu]*(["']).*?\1""")
+
+
+def _value_changed(name: str, line: _Line) -> bool:
+    """Whether the line gives ``name`` a number the other side did not: another number, or a
+    new assignment with one."""
+    there = re.search(rf"(?m)^.*\b{re.escape(name)}\b\s*(?::[^=\n]*)?=(?!=)(.*)$",
+                      line.raw_other)
+    here = line.raw[line.raw.find(name) + len(name):]
+    if there is None:
+        return bool(_NUMBER.search(line.code[line.code.find(name) + len(name):]))
+    return _NUMBER.findall(there.group(1)) != _NUMBER.findall(here)
+
+
+def _new_literal(line: _Line) -> bool:
+    """Whether the line holds a string the other side lacks (a flag, a command's piece, a
+    value quoted anew); help text is not one."""
+    raw = _HELP.sub("", line.raw)
+    return any(not _untouched_raw(m.group(), line) for m in _STRING.finditer(raw))
+
+
+def _fourth_round_runs(lines: Sequence[_Line], h: int, kind: _File,
+                       families: Families) -> Iterator[tuple[int, _Hit]]:
+    """The fourth round's families over a hunk's lines (see docs/risk.md): a condition put
+    over a wait in kernel code, a condition over a collective or a stream step, what a
+    collective sends prepared anew, a pinned staging buffer; and what changes nothing of the
+    analysers' rules: a barrier's arguments respelled, a copy rewritten in the same
+    precision, a kernel parameter's ``tl.constexpr``, a collective's argument extracted into
+    the name the function goes on to use (the value it returns changes, not the collective)."""
+    text = "\n".join(line.code for line in lines)
+    sent = {m.group(1) for line in lines if line.kind == CONTEXT
+            for m in _SENT.finditer(line.code)} if kind.python and "(" in text else set()
+    pinned = kind.python and ("pin" in text or "non_blocking" in text)
+    # Most hunks hold no condition, no collective's argument and no pinned buffer.
+    scanned = lines if _CONDITION_HINT.search(text) or sent or pinned else ()
+    for i, line in enumerate(scanned):
+        if line.kind == CONTEXT or not line.code.strip() or _untouched(line.code, line):
+            continue
+        block = [lines[k].code for k in range(i + 1, min(len(lines), i + 4))
+                 if lines[k].kind in (CONTEXT, line.kind) and lines[k].code.strip()][:2]
+        condition = bool(_CONDITION.match(line.code)) and _logic_differs(line)
+        if condition and kind.device and any(
+                _SYNC_HINT.search(later) and _SYNC_CALL.search(later) for later in block):
+            families.explained.add((h, i))
+            yield i, (SYNC, CONCURRENCY, "puts a condition over a barrier, wait or arrival: "
+                      "which threads wait, and whether a peer's arrival is missed")
+        elif condition and kind.python and not kind.device and any(
+                _COLLECTIVE.search(later) for later in block):
+            families.explained.add((h, i))
+            yield i, (SYNC, CONCURRENCY, "changes the condition over a collective or a stream "
+                      "step: which ranks or streams meet, and when")
+        bound = _BINDS.match(line.code)
+        if kind.python and bound and bound.group(1) in sent:
+            yield i, (SYNC, CONCURRENCY, f"changes {bound.group(1)}, which a collective sends: "
+                      "its shape must agree on every rank, or the ranks hang")
+        if pinned and "pin" in line.code and _PINNED.search(line.code):
+            run = _statement(lines, i)
+            families.explained.update((h, k) for k in run)
+            yield i, (SYNC, CONCURRENCY, "allocates or drops a pinned host buffer: which copies "
+                      "run asynchronously, and where the host must wait for them")
+    if _WARP_SYNC_HINT.search(text):
+        families.give_way(((h, i) for i in _respelled_barriers(lines)), SYNC)
+    if pinned:
+        families.give_way(((h, i) for i in _same_precision_copies(lines)), PRECISION)
+    if "constexpr" in text:
+        families.give_way(((h, i) for i in _constexpr_hints(lines)), KERNEL, ACCUMULATION)
+    for i, kept in _kept_results(lines) if kind.python and _COLLECTIVE.search(text) else ():
+        families.give_way([(h, i)], SYNC)
+        if kept:
+            yield i, (ACCUMULATION, NUMERICS, "rebinds a collective's argument to the name the "
+                      "code goes on to use: which value callers get back (the reduced tensor "
+                      "or an unreduced copy)")
+
+
+def _statement(lines: Sequence[_Line], i: int) -> list[int]:
+    """Line ``i`` and the lines of its side its open brackets run over."""
+    out, depth = [i], lines[i].code.count("(") - lines[i].code.count(")")
+    for k in range(i + 1, len(lines)):
+        if depth <= 0:
+            break
+        if lines[k].kind == lines[i].kind:
+            out.append(k)
+            depth += lines[k].code.count("(") - lines[k].code.count(")")
+    return out
+
+
+def _call_of(lines: Sequence[_Line], i: int) -> str:
+    """The call that starts on line ``i``, with the lines of its side it runs over, with its
+    strings and without layout."""
+    return "".join("".join(lines[k].raw.split()) for k in _statement(lines, i))
+
+
+def _arguments(call: str) -> list[tuple[str, str]] | None:
+    """A plain call's arguments as (keyword, value), None if it is not one (quotes or
+    brackets inside): ``fence_proxy(ProxyKind.async_shared, space=SharedSpace.shared_cta)``
+    gives ("", "ProxyKind.async_shared") and ("space", "SharedSpace.shared_cta")."""
+    inner = call[call.find("(") + 1:call.rfind(")")]
+    parts = [part for part in inner.split(",") if part]
+    if any(part.count('"') % 2 or part.count("'") % 2 or re.search(r"[()\[\]{}]", part)
+           for part in parts):
+        return None
+    return [(keyword, value) for part in parts
+            for keyword, _, value in [part.rpartition("=")]]
+
+
+def _same_argument(old: str, new: str) -> bool:
+    """Whether two spellings name one value: equal, or an enum member and its string (the
+    string's words are the member's last words: ``ProxyKind.async_shared`` and
+    ``"async.shared"``, ``SharedSpace.shared_cta`` and ``"cta"``)."""
+    if old == new:
+        return True
+    member = re.fullmatch(r"(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)", old)
+    string = re.fullmatch(r"[\"']([^\"']*)[\"']", new)
+    if not (member and string and string.group(1)):
+        return False
+    words = re.sub(r"\W", "_", string.group(1))
+    return member.group(1) == words or member.group(1).endswith("_" + words)
+
+
+def _respelled_barriers(lines: Sequence[_Line]) -> list[int]:
+    """The lines of a barrier or fence call rewritten with the same arguments spelled anew
+    (an enum member as its string, in the newer API)."""
+    out: list[int] = []
+    starts = {kind: [i for i, line in enumerate(lines) if line.kind == kind and
+                     _WARP_SYNC.search(line.code) and _PLAIN_CALL.match(line.code)]
+              for kind in (REMOVED, ADDED)}
+    for i in starts[REMOVED]:
+        old = _call_of(lines, i)
+        for j in starts[ADDED]:
+            new = _call_of(lines, j)
+            before, after = _arguments(old), _arguments(new)
+            if old == new or old[:old.find("(")] != new[:new.find("(")] or (
+                    before is None or after is None):  # a barrier moved: not respelled
+                continue
+            if len(before) == len(after) and all(
+                    a[0] == b[0] and _same_argument(a[1], b[1])
+                    for a, b in zip(before, after, strict=True)):
+                out += _statement(lines, i) + _statement(lines, j)
+    return out
+
+
+_PLAIN_CALL = re.compile(r"^\s*[\w.]+\(")
+
+
+def _precisions(text: str) -> set[str]:
+    return {name for name, pattern in _PRECISIONS if pattern.search(text)}
+
+
+def _same_precision_copies(lines: Sequence[_Line]) -> list[int]:
+    """The lines of a run that changes a non-blocking or pinned copy, where both sides of the
+    run name the same precisions (``.to(dtype=torch.float32, non_blocking=True)`` ->
+    ``.float()``): the copy's ordering changed, not what it rounds to."""
+    out: list[int] = []
+    start = 0
+    for end in range(len(lines) + 1):
+        if end < len(lines) and lines[end].kind != CONTEXT:
+            continue
+        run = range(start, end)
+        start = end + 1
+        sides = {kind: " ".join(lines[k].code for k in run if lines[k].kind == kind)
+                 for kind in (REMOVED, ADDED)}
+        if not any(_PINNED.search(text) for text in sides.values()):
+            continue
+        if _precisions(sides[REMOVED]) == _precisions(sides[ADDED]) != set():
+            out += list(run)
+    return out
+
+
+_CONSTEXPR = re.compile(r":\s*tl\.constexpr\b")
+
+
+def _constexpr_hints(lines: Sequence[_Line]) -> list[int]:
+    """Kernel parameters that only gain or lose ``: tl.constexpr``: how Triton specialises
+    (and recompiles) the kernel, not the values it computes with."""
+    out = []
+    for i, line in enumerate(lines):
+        if line.kind != CONTEXT and _CONSTEXPR.search(line.code):
+            bare = _squash(_CONSTEXPR.sub("", line.code))
+            if re.search(rf"(?m)^{re.escape(bare)},?$", "\n".join(
+                    _squash(other.code) for other in lines
+                    if other.kind not in (CONTEXT, line.kind))):
+                out += [i] + [k for k, other in enumerate(lines)
+                              if other.kind not in (CONTEXT, line.kind)
+                              and _squash(other.code).rstrip(",") == bare.rstrip(",")]
+    return out
+
+
+def _kept_results(lines: Sequence[_Line]) -> list[tuple[int, bool]]:
+    """A collective whose argument expression was extracted into a rebinding of the name it
+    reads (``all_reduce(x.contiguous())`` -> ``x = x.contiguous(); all_reduce(x)``): the
+    collective's call is the same, its lines give way (False); the rebinding is what changed,
+    the value the code goes on to use (True)."""
+    out: list[tuple[int, bool]] = []
+    bindings = {m.group(1): (i, m.group(2)) for i, line in enumerate(lines)
+                if line.kind == ADDED
+                for m in [re.match(r"^\s*(\w+)\s*=(?!=)\s*(.+?)\s*$", line.code)] if m}
+    removed = [(i, _squash(line.code)) for i, line in enumerate(lines) if line.kind == REMOVED]
+    for j, line in enumerate(lines):
+        if line.kind != ADDED or not _COLLECTIVE.search(line.code):
+            continue
+        for name, (i, value) in bindings.items():
+            if i == j or not re.search(rf"\b{re.escape(name)}\b", value):
+                continue
+            inlined = re.sub(rf"\b{re.escape(name)}\b", _squash(value).replace("\\", r"\\"),
+                             _squash(line.code))
+            for k, text in removed:
+                if text == inlined:
+                    out += [(j, False), (k, False), (i, True)]
+    return out

@@ -91,7 +91,8 @@ _SHEBANG = re.compile(r"^#!\s*(?:/usr/bin/env\s+(?:-S\s+)?)?(?:/\S*/)?(\w+)")
 _DEPLOYMENT: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("a CI workflow: what is built, tested and released", (
         ".github/workflows/**", ".github/actions/**", ".gitlab-ci.yml", ".gitlab-ci.yaml",
-        ".gitlab/ci/**", ".circleci/**", "**/Jenkinsfile", "azure-pipelines.yml",
+        ".gitlab/ci/**", ".circleci/**", "**/Jenkinsfile", "**/Jenkinsfile.*", "**/jenkinsfile.*",
+        "**/*.jenkinsfile", "azure-pipelines.yml",
         ".azure-pipelines/**", ".buildkite/**", ".travis.yml", "bitbucket-pipelines.yml",
         "**/cloudbuild.yaml", "**/cloudbuild.yml", ".drone.yml", "**/buildspec.yml",
         "appveyor.yml", ".woodpecker.yml", ".woodpecker/**", ".tekton/**")),

@@ -184,11 +184,17 @@ def lex_python(lines: Sequence[str]) -> list[Lexed]:
     prose = [line.has_code and looks_like_prose(line.code) for line in first]
     for i in _docstring_examples(first, prose):
         prose[i] = True
-    opener = _first_triple_quote(lines) if any(prose) else None
+    # A fragment read as ending inside a string, whose first triple quote stands alone on its
+    # line, may start inside a docstring instead: that quote closes it (a hunk that opens on
+    # a docstring's last line, its code below otherwise read as one string).
+    unclosed = bool(first) and first[-1].starts_in_string and bool(
+        _LONE_QUOTE.match(next((line for line in lines if _TRIPLE.search(line)), "")))
+    opener = _first_triple_quote(lines) if any(prose) or unclosed else None
     if opener is not None:
         second = _python(lines, opener)
         second_prose = [line.has_code and looks_like_prose(line.code) for line in second]
-        if sum(second_prose) < sum(prose):
+        if sum(second_prose) < sum(prose) or (unclosed and not second[-1].starts_in_string
+                                              and sum(second_prose) <= sum(prose)):
             first, prose = second, second_prose
     for i, is_prose in enumerate(prose):
         if is_prose:
@@ -197,6 +203,8 @@ def lex_python(lines: Sequence[str]) -> list[Lexed]:
     return first
 
 
+_TRIPLE = re.compile(r"'''|\"\"\"")
+_LONE_QUOTE = re.compile(r"^\s*[rRbBuU]?(?:'''|\"\"\")\s*$")
 # A line Python code never starts with: a Markdown code fence, a doctest prompt.
 _FENCE = re.compile(r"^\s*```")
 _DOCTEST = re.compile(r"^\s*(?:>>>|\.\.\.)(?: |$)(?!\s*$)|^\s*>>>\s*$")

@@ -15,7 +15,7 @@ from reviews.risk import files
 from reviews.risk.code import RAW
 from reviews.risk.config import key_paths, normal_key
 from reviews.risk.diff import ADDED, REMOVED, FileChange
-from reviews.risk.environment import docker_normal, runtime_changes
+from reviews.risk.environment import docker_normal, draws_or_rounds, runtime_changes
 from reviews.risk.lexers import Lexed, lex_hash, lex_json
 from reviews.risk.lines import Changed, Ordered, changed_lines, finding, overlaps
 from reviews.risk.signatures import (
@@ -39,6 +39,9 @@ _ENTRYPOINT = re.compile(ENTRYPOINT)
 _SERVING_ENV = re.compile(SERVING_ENV)
 _INSTALL = re.compile(r"\b(?:pip3?|uv\s+pip|conda|mamba|apt-get|apt|yum|dnf|brew)\s+install\b")
 _ANY_FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*|(?<![\w-])[A-Za-z_]\w*=")
+# A line of a script that is a command's long option (a continuation of a launch, or a line of
+# a MODEL_OPTIONS="..." string the script expands into one): how the program it starts runs.
+_OPTION_LINE = re.compile(r"^\s*--[A-Za-z][\w-]*(?:[=\s]|$)")
 
 
 def deployment(change: FileChange, kind: str) -> list[Ordered]:
@@ -82,20 +85,29 @@ def _respelled(raw: str, other: str) -> bool:
 
 def _runtime_environment(change: FileChange, item: Changed, other: str) -> list[Ordered]:
     """Concurrency for a changed line that sets (or drops) a variable of a collective or a
-    threading runtime, or preloads another threading runtime (see ``environment``)."""
+    threading runtime, or preloads another threading runtime; numerics for one that decides
+    the random numbers drawn or determinism (see ``environment``)."""
+    out: list[Ordered] = []
     names = runtime_changes(item.lexed.raw, other)
-    if not names:
-        return []
-    signature = Signature(THREADS, "", f"sets or drops {', '.join(names)}: a variable of a "
-                                       "collective or threading runtime, how ranks and threads "
-                                       "wait and meet")
-    return [(item.order, finding(change, item, signature, ""))]
+    if names:
+        signature = Signature(THREADS, "", f"sets or drops {', '.join(names)}: a variable of a "
+                                           "collective or threading runtime, how ranks and "
+                                           "threads wait and meet")
+        out.append((item.order, finding(change, item, signature, "")))
+    draws = runtime_changes(item.lexed.raw, other, draws_or_rounds)
+    if draws:
+        signature = Signature(PRECISION, "", f"sets or drops {', '.join(draws)}: a seed, a "
+                                             "random generator's rounds or determinism, the "
+                                             "numbers drawn and summed")
+        out.append((item.order, finding(change, item, signature, "")))
+    return out
 
 
 def shell(change: FileChange) -> list[Ordered]:
     """Shell scripts and build files: launch commands, serving flags and environment
     variables, every code line of a script named as a launcher; fast-math flags."""
     launch_script = files.is_launch_script(change.path) or files.is_serving_path(change.path)
+    build = files.language(change.path) == files.BUILD
     out: list[Ordered] = []
     entrypoints: dict[int, str] = {}
     for h, hunk in enumerate(change.hunks):
@@ -110,7 +122,7 @@ def shell(change: FileChange) -> list[Ordered]:
             continue
         out += _runtime_environment(
             change, item, sides[item.order[0]][REMOVED if item.line.kind == ADDED else ADDED])
-        reason = _launch_reason(raw, launch_script, entrypoints.get(item.order[0]))
+        reason = _launch_reason(raw, launch_script, entrypoints.get(item.order[0]), build)
         if reason:
             signature = Signature(LAUNCH, "", reason)
             out.append((item.order, finding(change, item, signature, "")))
@@ -128,10 +140,12 @@ def _entrypoint(text: str) -> str:
     return " ".join(match.group().split()) if match else ""
 
 
-def _launch_reason(raw: str, launch_script: bool, entrypoint: str | None) -> str:
+def _launch_reason(raw: str, launch_script: bool, entrypoint: str | None,
+                   build: bool = False) -> str:
     """Why a changed script line is production, "" if it is not: it runs an entrypoint, sets
-    a serving flag or variable, is a flag of a launch command the hunk shows, or belongs to
-    a launch script."""
+    a serving flag or variable, is a flag of a launch command the hunk shows or a script's
+    option line, or belongs to a launch script (``build``: a build file, whose option lines
+    are a compiler's)."""
     own = _entrypoint(raw)
     if own:
         return f"changes how the service is launched or deployed ({own})"
@@ -147,6 +161,9 @@ def _launch_reason(raw: str, launch_script: bool, entrypoint: str | None) -> str
         return f"changes the GPU architectures a build compiles for ({arch.group()})"
     if entrypoint and _ANY_FLAG.search(raw):
         return f"changes a flag of the {entrypoint} launch command"
+    if _OPTION_LINE.match(raw) and not build:
+        return "changes an option a script passes to the program it starts (a line of its " \
+               "command or of an options string): how that program runs"
     if launch_script:
         return "changes a launch script: how production starts the service"
     return ""

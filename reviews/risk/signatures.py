@@ -633,7 +633,7 @@ C_CONCURRENCY: tuple[Signature, ...] = (
 # quoted "100a".
 GPU_ARCH = (r"(?<![.:>])\b\w*(?<![A-Za-z])[Aa]rch(?:s|_list|itectures?)?\b(?!\s*(?:::|\.))|"
             r"\b(?:sm|compute)_\d{2,3}[af]?\b|\bgfx\d{3,4}\w*|\bgencode\b|"
-            r"""(?<=["'])\d{2,3}[af](?=["'])|\b[A-Z_]*ARCH(?:S|_LIST)\b""")
+            r"""(?<=["'])\d{2,3}[af](?=["'])|\b[A-Z_]*ARCH(?:S|_LIST)(?:_[A-Z]+)*\b""")
 
 STRONG_FLAG = (
     r"--?(?:(?:tensor|pipeline|data|expert|context|sequence)[-_]parallel(?:[-_]size)?"

@@ -22,6 +22,9 @@ from reviews.risk import (
     risk_classes,
     rules_from_manifest,
 )
+from reviews.risk.environment import draws_or_rounds, switches_collective
+from reviews.risk.families import _same_argument
+from reviews.risk.lexers import lex_python
 from tests.conftest import EXAMPLE
 
 AUTHOR = {"author_name": "Agent", "author_email": "agent@example.test"}
@@ -956,3 +959,89 @@ def test_a_new_name_is_judged_where_a_flagged_line_uses_it() -> None:
 
     assert risk_classes(classify(traits)) == [UNCLASSIFIED]
     assert risk_classes(classify(traits + kernel)) == [CONCURRENCY]
+
+
+@pytest.mark.parametrize(("path", "old", "new", "classes"), [
+    pytest.param("src/engine/decoding.cc", "    tp_group_{tp_group}\n",
+                 "    tp_group_{tp_group->Split(0, 0)}\n", [CONCURRENCY],
+                 id="a-communicator-split"),
+    pytest.param("engine/moe/shared.py", "        self.stream = torch.cuda.Stream()\n",
+                 "        self.__class__.stream = torch.cuda.Stream()\n"
+                 "        self.stream = self.__class__.stream\n", [CONCURRENCY],
+                 id="a-stream-re-owned"),
+    pytest.param("csrc/io/handle.cpp", "    : io_handle_t(block_size, num_threads)\n",
+                 "    : io_handle_t(block_size, 1)\n", [CONCURRENCY],
+                 id="a-thread-count-dropped"),
+    pytest.param("tests/unit/utilities.py", "        try:\n            dist.barrier()\n",
+                 "        try:\n            torch.cuda.synchronize()\n            dist.barrier()\n",
+                 [CONCURRENCY], id="a-test-harness-synchronises"),
+    pytest.param("tests/unit/test_router.py", "    assert torch.allclose(a, b, **tols)\n",
+                 "    if dtype == torch.float32:\n        tols = dict(rtol=2e-2, atol=1e-2)\n"
+                 "    assert torch.allclose(a, b, **tols)\n", [NUMERICS],
+                 id="a-tolerance-set-under-a-condition"),
+    pytest.param("lib/ops/common.py", "ERROR_ATOL = {\n    torch.half: 0.1,\n}\n",
+                 "ERROR_ATOL = {\n    torch.half: 0.2,\n}\n", [NUMERICS],
+                 id="a-row-of-a-tolerance-table"),
+    pytest.param("include/lib/bfloat16.h",
+                 "  static T epsilon() { return T::bitcast(0x1000); }\n",
+                 "  static T epsilon() { return T::bitcast(0x3c00); }\n", [NUMERICS],
+                 id="a-number-formats-epsilon"),
+    pytest.param("engine/utils.py", "    max_batch_size_map = {'a100': 256}\n",
+                 "    max_batch_size_map = {'a100': 384}\n", [PRODUCTION],
+                 id="a-serving-limit-under-an-affix"),
+    pytest.param("engine/proxy/constants.py", "API_READ_TIMEOUT = 100\n",
+                 "API_READ_TIMEOUT = 600\n", [PRODUCTION], id="an-http-timeout"),
+    pytest.param("Dockerfile", "ARG X=1\n", "ARG X=1\nENV NVTE_BUILD_NUM_PHILOX_ROUNDS=3\n",
+                 [NUMERICS, PRODUCTION], id="a-generators-rounds-in-an-image"),
+    pytest.param("ci/jenkinsfile.groovy", 'img = "ci:1"\n', 'img = "ci:2"\n', [PRODUCTION],
+                 id="a-jenkinsfile-of-any-suffix"),
+    pytest.param("examples/model_configs/run.sh", 'OPTS="\\\n  --lr 1e-4 \\\n"\n',
+                 'OPTS="\\\n  --lr 1e-4 \\\n  --use-fast \\\n"\n', [PRODUCTION],
+                 id="an-option-line-of-a-script"),
+])
+def test_the_kinds_the_third_held_out_set_missed_are_classified(
+        path: str, old: str, new: str, classes: list[str]) -> None:
+    assert risk_classes(classify(unified(path, old, new))) == classes
+
+
+@pytest.mark.parametrize(("path", "old", "new"), [
+    pytest.param("csrc/comm/nccl.cu",
+                 "        if (version >= NCCL_VERSION(2, 27, 0)) {\n            load();\n",
+                 "        if (version >= NCCL_VERSION(2, 27, 0)) {\n"
+                 "            if (version < NCCL_VERSION(2, 28, 0)) {\n"
+                 '                TM_LOG_WARNING("leaks in 2.27");\n            }\n'
+                 "            load();\n", id="a-c-branch-that-only-logs"),
+    pytest.param("examples/cutedsl/reduce.py",
+                 "    cute.arch.fence_proxy(\n        cute.arch.ProxyKind.async_shared,\n"
+                 "        space=cute.arch.SharedSpace.shared_cta,\n    )\n",
+                 '    cute.arch.fence_proxy("async.shared", space="cta")\n',
+                 id="a-fence-respelled-with-strings"),
+    pytest.param("ops/triton/copy.py",
+                 "@triton.jit\ndef copy_kernel(\n    X,\n    BATCH: tl.constexpr,\n):\n",
+                 "@triton.jit\ndef copy_kernel(\n    X,\n    BATCH,\n):\n",
+                 id="a-kernel-parameter-no-longer-constexpr"),
+])
+def test_what_the_third_held_out_set_showed_harmless_stays_harmless(
+        path: str, old: str, new: str) -> None:
+    assert classify(unified(path, old, new)) == []
+
+
+def test_environment_names_that_draw_numbers_or_switch_a_collective() -> None:
+    assert draws_or_rounds("NVTE_BUILD_NUM_PHILOX_ROUNDS")
+    assert draws_or_rounds("PYTHONHASHSEED")
+    assert not draws_or_rounds("SEED_FILE_PATH")
+    assert switches_collective("LIGHTLLM_PYNCCL_ENABLE")
+    assert not switches_collective("NCCL_IB_HCA")
+
+
+def test_a_barrier_argument_spelled_as_its_string_is_the_same_argument() -> None:
+    assert _same_argument("cute.arch.ProxyKind.async_shared", '"async.shared"')
+    assert _same_argument("SharedSpace.shared_cta", '"cta"')
+    assert not _same_argument("SharedSpace.shared_cluster", '"cta"')
+    assert not _same_argument("scope", '"cta"')
+
+
+def test_a_hunk_that_opens_on_a_docstrings_last_line_is_read_as_code() -> None:
+    lexed = lex_python(['    """', "    if x:", "        y = {'a': 256}"])
+
+    assert lexed[2].code.strip().startswith("y = {")
