@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -145,10 +146,15 @@ class Change(models.Model):
     def merged_by(self) -> str:
         return str(self.merge_intent.get("actor_label") or "auto-merge")
 
-    def valid_approval(self) -> ReviewDecision | None:
+    def valid_approval(self, decisions: Sequence[ReviewDecision] | None = None,
+                       ) -> ReviewDecision | None:
         """The latest approval, if it still covers this diff and base, and no later decision
-        took it back."""
-        latest = self.decisions.order_by("-created_at", "-id").first()
+        took it back. `decisions`: the change's decisions, already read (the change page
+        lists them), else they are asked for."""
+        if decisions is None:
+            latest = self.decisions.order_by("-created_at", "-id").first()
+        else:
+            latest = max(decisions, key=lambda d: (d.created_at, d.pk), default=None)
         if latest is None or latest.decision != ReviewDecision.Decision.APPROVE:
             return None
         return latest if latest.still_valid else None

@@ -88,12 +88,13 @@ def _context(request: AuthenticatedHttpRequest, change: Change, **forms_: Any) -
                  "outdated": c.diff_sha256 != change.diff_sha256}
                 for c in change.comments.select_related("author")]
     denial = decision_denial(request.user, change)
+    decisions = list(change.decisions.select_related("reviewer"))
     return {
         "change": change, "checks": change.checks, "failing": change.failing_checks,
         "review": change.review_checks, "overridable": change.overridable_checks,
         "diff_files": render_diff(change.diff, change.risk, comments),
-        "decisions": change.decisions.select_related("reviewer"),
-        "approval": change.valid_approval(),
+        "decisions": decisions,
+        "approval": change.valid_approval(decisions),
         "can_decide": denial is None, "decide_denial": denial,
         "my_rights": grants_for_page(decider_rights(request.user, change)),
         "form": forms_.get("form") or DecisionForm(initial={"diff_sha256": change.diff_sha256}),

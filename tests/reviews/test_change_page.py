@@ -9,8 +9,10 @@ from typing import cast
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.templatetags.static import static
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from agents.policies.llm import _news
 from infraops.errors import DomainError
@@ -304,3 +306,26 @@ def test_a_cheats_speed_up_is_no_gain_confirmed_on_the_change_page(
     assert re.search(r"no gain is credited: latency-bench latency_ms \w+ comes with an "
                      r"integrity failure", panel), panel
     assert "✔</span>\n      <strong>Gain confirmed" not in panel
+
+
+def test_the_change_page_reads_its_decisions_once_and_finds_the_approval_among_them(
+    client: Client, reviewer: User, viewer: User, config_change: Change
+) -> None:
+    seen = {"diff_sha256": config_change.diff_sha256, "base_commit": config_change.base_commit}
+    ReviewDecision.objects.create(change=config_change, reviewer=reviewer,
+                                  decision=ReviewDecision.Decision.REQUEST_CHANGES, **seen)
+    ReviewDecision.objects.create(change=config_change, reviewer=reviewer,
+                                  decision=ReviewDecision.Decision.APPROVE,
+                                  overridden_checks=["risk"], override_reason="known", **seen)
+    Change.objects.filter(pk=config_change.pk).update(status=Change.Status.MERGED)
+    client.force_login(viewer)
+
+    with CaptureQueriesContext(connection) as queries:
+        page = client.get(f"/reviews/changes/{config_change.pk}/").content.decode()
+
+    decision_reads = [q["sql"] for q in queries.captured_queries
+                      if 'FROM "reviews_reviewdecision"' in q["sql"]]
+    assert len(decision_reads) == 1, decision_reads  # the list and the approval: one read
+    assert 'id="merged-over"' in page  # the latest decision, an approval over failing checks
+    decisions = page[page.index('id="decisions-title"'):]
+    assert decisions.index("request changes") < decisions.index("Approve")
