@@ -39,6 +39,10 @@ class _Sender:
     gets a loop of its own: the thread does not survive a fork."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the loop (and a lock another thread may have held at a fork)."""
         self.lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.pid = 0
@@ -67,6 +71,8 @@ class _Sender:
 
 
 _sender = _Sender()
+# A forked child (Celery's pool) starts with no loop and a free lock.
+os.register_at_fork(after_in_child=lambda: _sender.reset())
 
 
 def notify(group: str, message: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from typing import Any
 
@@ -64,11 +65,22 @@ def test_notifications_reach_the_group_in_order_over_one_connection(
     assert sender.loop is not None and sender.loop.is_running()
 
 
-def test_a_forked_process_gets_a_loop_of_its_own(sender: live._Sender) -> None:
-    first = sender._loop()
-    assert sender._loop() is first
-    sender.pid = -1  # as a child of a fork sees it: the thread that ran `first` is not there
-    assert sender._loop() is not first
+def test_a_forked_process_gets_a_loop_of_its_own_and_a_free_lock() -> None:
+    first = live._sender._loop()
+    assert live._sender._loop() is first
+    with live._sender.lock:  # held by another thread of the parent at the fork
+        child = os.fork()
+        if child == 0:  # the child: no loop, a free lock, a loop of its own that runs
+            fresh = live._sender.loop is None and live._sender.lock.acquire(timeout=5)
+            if fresh:
+                live._sender.lock.release()
+            loop = live._sender._loop() if fresh else first
+            runs = loop is not first and asyncio.run_coroutine_threadsafe(
+                asyncio.sleep(0, "ran"), loop).result(timeout=10) == "ran"
+            os._exit(0 if runs else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert live._sender._loop() is first
 
 
 def test_an_unreachable_redis_drops_the_notification_in_words_and_the_next_one_goes(
