@@ -17,6 +17,7 @@ import re
 
 from reviews.risk import files, production
 from reviews.risk.code import (
+    FOREIGN,
     NATIVE,
     PYTHON,
     PYTHON_TRITON,
@@ -24,13 +25,14 @@ from reviews.risk.code import (
     MoveIndex,
     analyse_code,
     c_contexts_for,
+    extend_match,
     python_contexts_for,
     python_extra,
 )
-from reviews.risk.diff import REMOVED, FileChange
+from reviews.risk.diff import ADDED, CONTEXT, REMOVED, FileChange
 from reviews.risk.families import family_findings
 from reviews.risk.lexers import lex_c, lex_python
-from reviews.risk.lines import Ordered, changed_lines, finding, whole
+from reviews.risk.lines import Changed, Ordered, changed_lines, finding, whole
 from reviews.risk.signatures import (
     DEPLOY,
     LAUNCH,
@@ -126,21 +128,81 @@ _FOREIGN_LOG = re.compile(r"^\s*(?:(?:tracing::|log::)?(?:trace|debug|info|warn|
 
 def _foreign(change: FileChange) -> list[Ordered]:
     """Code in a language no analyser reads (Rust, Go, Zig, ...): a change to its comments
-    or log text alone is harmless; a change to its code (strings included: a default value is
-    written in one) is one ``unclassified`` finding for the file, or, in a launcher (its
-    folder or name says it starts the service), production on each line: the launcher's
-    flags and defaults are how production starts."""
+    or log text alone is harmless (the arguments of a log or error macro included); a change
+    to its code (strings included: a default value is written in one) is read for the few
+    things such code says plainly (``FOREIGN``: threads and tasks spawned, semaphores and
+    channels, dtypes, a CLI flag's default); a run with such a finding is explained by it.
+    A launcher's other code lines (its folder or name says it starts the service) are
+    production each: the launcher's flags and defaults are how production starts. A file
+    whose changed code nothing explains is one ``unclassified`` finding."""
+    logged = _log_arguments(change)
     code = [item for item in changed_lines(change, lex_c, None, None)
-            if item.lexed.has_code and not _FOREIGN_LOG.match(item.lexed.code)]
+            if item.lexed.has_code and not _FOREIGN_LOG.match(item.lexed.code)
+            and item.order not in logged]
     if not code:
         return []
+    hits = FOREIGN.first_matches([(item.lexed.code, item.lexed.raw, item.change.spans)
+                                  for item in code], extend_match)
+    out: list[Ordered] = []
+    explained: set[tuple[int, int]] = set()  # (hunk, start of run)
+    runs = {item.order: _run_start(item) for item in code}
+    for item, found in zip(code, hits, strict=True):
+        for signature, text in found.values():
+            out.append((item.order, finding(change, item, signature, text)))
+            explained.add(runs[item.order])
     if files.is_launcher(change.path):
         signature = Signature(LAUNCH, "", "changes the launcher's code (a language the "
                                           "classifier does not analyse): how production "
                                           "starts the service, its flags and defaults")
-        return [(item.order, finding(change, item, signature, "")) for item in code]
+        out += [(item.order, finding(change, item, signature, "")) for item in code
+                if runs[item.order] not in explained]
+    if out:
+        return sorted(out, key=lambda pair: pair[0])
     return [((-1, -1), whole(change, UNCLASSIFIED, UNREADABLE,
                              files.describe_unknown(change.path)))]
+
+
+def _run_start(item: Changed) -> tuple[int, int]:
+    """The (hunk, first line) of the run of changed lines ``item`` is in."""
+    lines = item.hunk.lines
+    i = item.order[1]
+    while i > 0 and lines[i - 1].kind != CONTEXT:
+        i -= 1
+    return item.order[0], i
+
+
+# A log, print or error macro or call that opens its arguments: `anyhow::bail!(`.
+_FOREIGN_MESSAGE = re.compile(r"(?:\b(?:tracing::|log::|anyhow::)?(?:trace|debug|info|warn|error|"
+                              r"println|eprintln|print|eprint|bail|panic|anyhow|format|"
+                              r"unreachable|todo)!|\.(?:expect|context|with_context)|"
+                              r"\b(?:log|fmt|slog)\.\w+|\bErrorf|\berrors\.New)\s*\(\s*$")
+
+
+def log_arguments(texts: list[str]) -> set[int]:
+    """The indices of ``texts`` (one side of a hunk, comments blanked) that are arguments of
+    a log or error macro opened on a line of their own (``anyhow::bail!(`` then the message
+    and its values, one a line): they change what is said, not what runs."""
+    out: set[int] = set()
+    depth = 0
+    for i, code in enumerate(texts):
+        if depth > 0:
+            depth += code.count("(") - code.count(")")
+            out.add(i)
+            continue
+        if _FOREIGN_MESSAGE.search(code):
+            depth = 1
+    return out
+
+
+def _log_arguments(change: FileChange) -> set[tuple[int, int]]:
+    out: set[tuple[int, int]] = set()
+    for h, hunk in enumerate(change.hunks):
+        for side in (ADDED, REMOVED):
+            indices = [i for i, line in enumerate(hunk.lines) if line.kind in (CONTEXT, side)]
+            lexed = lex_c([hunk.lines[i].text for i in indices])
+            inside = log_arguments([item.code for item in lexed])
+            out.update((h, indices[j]) for j in inside if hunk.lines[indices[j]].kind == side)
+    return out
 
 
 _K8S_LINE = re.compile(r"^\s*(?:apiVersion:\s*[\w./-]+\s*$|kind:\s*(?:Deployment|StatefulSet|"

@@ -54,8 +54,9 @@ def changed_tokens(lines: Sequence[DiffLine], lexed: Sequence[Lexed],
                    renamed: Renamed = lambda old, new: True) -> dict[int, LineChange]:
     """The changed tokens of every changed line of one hunk (see the module docstring)."""
     out: dict[int, LineChange] = {}
-    if significant is not None and _hunk_inlined(lines, lexed):
-        return out  # temporaries inlined or extracted across the hunk's runs
+    if significant is not None and (_hunk_inlined(lines, lexed) or hoisted_default(
+            lines, lexed)):
+        return out  # temporaries inlined or extracted, or a literal made a parameter's default
     for run in change_runs(lines):
         removed = [k for k in run if lines[k].kind != ADDED]
         added = [k for k in run if lines[k].kind == ADDED]
@@ -89,6 +90,33 @@ _NOT_NAMES = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | {
 }
 
 
+# Words before which a name is an operand, not a declared parameter's name.
+_OPERAND_KEYWORDS = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | {
+    "return", "sizeof", "case", "goto", "new", "delete", "throw", "co_await", "co_return"}
+
+
+def normal_tokens(tokens: Sequence[_Tok]) -> list[str]:
+    """The texts of a run's tokens less what compiles to the same: `NULL` is `nullptr`, an
+    empty statement (the second `;` of `;;` ending a line) is nothing, and a parameter's name
+    in a declaration (a name right after a type's name, before `,` or `)`:
+    `f(ncclComm_t)` -> `f(ncclComm_t comm)`) names nothing that runs."""
+    out: list[str] = []
+    n = len(tokens)
+    for i, (k, token) in enumerate(tokens):
+        text = token.text
+        if text == "NULL":
+            text = "nullptr"
+        elif text == ";" and out and out[-1] == ";" and (i + 1 == n or tokens[i + 1][0] != k):
+            continue
+        elif (token.kind == NAME and 0 < i < n - 1 and tokens[i + 1][1].text in (",", ")")
+              and tokens[i - 1][0] == k == tokens[i + 1][0]):
+            before = tokens[i - 1][1]
+            if before.kind == NAME and before.text not in _OPERAND_KEYWORDS:
+                continue
+        out.append(text)
+    return out
+
+
 def _compare(removed: list[int], added: list[int], lexed: Sequence[Lexed],
              significant: Callable[[str], bool] | None, renamed: Renamed,
              out: dict[int, LineChange]) -> None:
@@ -102,7 +130,8 @@ def _compare(removed: list[int], added: list[int], lexed: Sequence[Lexed],
     new = [(k, t) for k in added for t in lexed[k].tokens]
     old_text = [t.text for _, t in old]
     new_text = [t.text for _, t in new]
-    if old_text == new_text or (significant is not None and _is_rename(
+    if old_text == new_text or normal_tokens(old) == normal_tokens(new) or (
+            significant is not None and _is_rename(
             old, new, significant, renamed)) or (
             ("{" in old_text or "{" in new_text or "}" in old_text or "}" in new_text)
             and _unbraced(removed, lexed) == _unbraced(added, lexed)) or (
@@ -379,3 +408,48 @@ def bound_names(code: str, *, python: bool, header: bool = False) -> set[str]:
     if header or not python:
         names.update(_PARAMETER.findall(code))
     return names
+
+
+# A parameter declared on a line of its own, with a default that is a plain value:
+# `dtype: torch.dtype = torch.bfloat16,` (Python) or `dtype=torch.bfloat16`.
+_PARAMETER = re.compile(r"^\s*(\w+)\s*(?::\s*[\w.\[\], |]+?)?\s*=\s*([\w.]+)\s*,?\s*\)?\s*"
+                        r"(?:->\s*[\w.\[\], |]+)?:?\s*$")
+
+
+def hoisted_default(lines: Sequence[DiffLine], lexed: Sequence[Lexed]) -> bool:
+    """Whether the hunk only makes a literal a new parameter's default: the parameter is added
+    (``dtype: torch.dtype = torch.bfloat16``) and the literal, where it stood, becomes the
+    parameter's name (``.to(dtype=torch.bfloat16)`` -> ``.to(dtype=dtype)``). A caller that
+    passes nothing computes as before; the parameter is new, so no caller passes it yet."""
+    removed = [k for k, line in enumerate(lines) if line.kind == REMOVED]
+    added = [k for k, line in enumerate(lines) if line.kind == ADDED]
+    if not removed or not added:
+        return False
+    old_code = "\n".join(lexed[k].code for k in removed)
+    defaults: dict[str, list[str]] = {}
+    declared: set[int] = set()
+    for k in added:
+        match = _PARAMETER.match(lexed[k].code)
+        if match and not re.search(rf"(?<![.\w]){match.group(1)}\b(?!\s*=(?!=))", old_code) and (
+                not match.group(2)[:1].isdigit()):
+            defaults[match.group(1)] = [t.text for t in Lexed(match.group(2), match.group(2)
+                                                               ).tokens]
+            declared.add(k)
+    if not defaults:
+        return False
+    old = [t.text for k in removed for t in lexed[k].tokens]
+    new: list[str] = []
+    for k in added:
+        tokens = [t.text for t in lexed[k].tokens]
+        if k in declared:
+            if new and new[-1] == "," and (not old or old[len(new) - 1:len(new)] != [","]):
+                new.pop()  # the comma the line before gained for it
+            tokens = tokens[tokens.index("=") + 1 + len(defaults[tokens[0]]):]
+            tokens = tokens[1:] if tokens[:1] == [","] else tokens
+        for i, text in enumerate(tokens):
+            if text in defaults and (i == 0 or tokens[i - 1] != ".") and (
+                    tokens[i + 1:i + 2] != ["="]) and k not in declared:
+                new += defaults[text]
+            else:
+                new.append(text)
+    return new == old

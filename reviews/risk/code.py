@@ -34,8 +34,10 @@ from reviews.risk.signatures import (
     PYTHON_SERVING,
     PYTHON_SIGNATURES,
     PYTHON_THREAD_WORDS,
+    SERVING,
     SERVING_ENV_NAME,
     STRONG_FLAG,
+    SYNC,
     THREADS,
     TRITON_LAUNCH,
     Signature,
@@ -163,7 +165,7 @@ def analyse_code(change: FileChange, lexer: Callable[[Sequence[str]], list[Lexed
         if signature_set is not None and items:
             hits_of = signature_set.first_matches(
                 [(item.lexed.code, item.lexed.raw, item.change.spans) for item in items],
-                _extend)
+                extend_match)
             found.update((item.order, hits) for item, hits in zip(items, hits_of, strict=True))
     per_line: list[tuple[Changed, Hits]] = []
     for item in wanted:
@@ -174,6 +176,8 @@ def analyse_code(change: FileChange, lexer: Callable[[Sequence[str]], list[Lexed
             for signature, text in extra(item):  # a callable, not QuerySet.extra  # nosec B610
                 hits.setdefault(signature.rule, (signature, text))
         _drop_weak(hits)
+        if KERNEL in hits and only_stream_changed(item.lexed.code, item.change.spans):
+            del hits[KERNEL]  # the launch's stream is ordering, not its grid
         per_line.append((item, hits))
     # A statement replaced by an atomic or a barrier is explained by its replacement: the
     # lines of a run that has a concurrency finding get no kernel or reduction context.
@@ -214,6 +218,9 @@ def python_extra(item: Changed) -> Iterable[tuple[Signature, str]]:
             yield _LITERAL_LAUNCH, value
         if not overlaps(item.change.spans, start, end):
             continue
+        ordering = _GENERATED_SYNC.search(value)
+        if ordering:  # device code a generator writes (NCCL's symmetric kernels)
+            yield _LITERAL_SYNC, ordering.group()
         if _DTYPE_LITERAL.fullmatch(value):
             yield _LITERAL_PRECISION, value
         elif _SERVING_ENV_NAME.fullmatch(value):
@@ -224,11 +231,64 @@ _LITERAL_PRECISION = Signature(PRECISION, "", "names a numeric type or precision
                                               "a different precision")
 
 
+# A barrier or fence in device code that Python writes out as text (a kernel generator).
+_GENERATED_SYNC = re.compile(r"\b(?:__syncthreads|__syncwarp|__threadfence\w*|"
+                             r"cudaGridDependencySynchronize|cudaTriggerProgrammaticLaunchCompletion"
+                             r"|griddepcontrol\.\w+|mbarrier\.\w+|bar\.sync)\b")
+
+
+_LITERAL_SYNC = Signature(SYNC, "", "writes a barrier or fence into generated device code ({m}): "
+                                    "which threads and kernels wait for which")
+
+
+# What code in a language no analyser reads (Rust, Go) says plainly (analysers._foreign).
+FOREIGN = SignatureSet((
+    Signature(THREADS, r"\b(?:std::)?thread::spawn\w*|\b(?:tokio::)?task::spawn\w*|"
+              r"\btokio::spawn\b|\bspawn_blocking\b|\bSemaphore\b|\b\w*acquire_permit\b|"
+              r"\btry_acquire\w*|\bacquire_owned\b|\bmpsc::\w*channel\b|\bMutex\b|"
+              r"\bRwLock\b|\bCondvar\b|\bsync\.WaitGroup\b|\bnum_cpus::\w+|"
+              r"\bavailable_parallelism\b|\b\w*_(?:threads|workers)\b|\bgo\s+func\b",
+              "changes threads, tasks, permits or channels ({m}): what runs at once and what "
+              "waits"),
+    Signature(SERVING, r"\b\w*_(?:threads|workers)\b|#\[(?:clap|arg)\([^\]]*default_value\w*",
+              "changes a serving setting or a command-line default ({m}): how the service runs "
+              "when started", extend=False),
+    Signature(PRECISION, r"\bDType::\w+|\b(?:f16|bf16)\b|\bf(?:16|32|64)::(?:MIN|MAX|EPSILON|"
+              r"NEG_INFINITY|INFINITY|MIN_POSITIVE)\b|\bto_dtype\b|-65504",
+              "changes a dtype or a type's limit ({m}): the precision or range values are "
+              "computed in", extend=False),
+))
+
+
 _LITERAL_LAUNCH = Signature(LAUNCH, "", "changes a serving launch command or flag ({m})")
 
 
 _LITERAL_ENV = Signature(LAUNCH, "", "sets a serving environment variable ({m}): how the "
                                      "engine or its collectives run")
+
+
+def only_stream_changed(code: str, spans: Sequence[tuple[int, int]]) -> bool:
+    """Whether every changed span of a line lies in the stream argument of its kernel launch
+    (the fourth of ``<<<grid, block, shared, stream>>>``, with a shared size of 0 the default):
+    which stream the kernel joins, not its grid, block or shared memory."""
+    start = code.find("<<<")
+    end = code.find(">>>", start + 3)
+    if start < 0 or end < 0 or not spans:
+        return False
+    depth, commas = 0, [start + 3]
+    for i in range(start + 3, end):
+        char = code[i]
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            commas.append(i)
+    if len(commas) != 4:
+        return False
+    # A shared-memory size of 0 written to reach the stream argument is the default.
+    stream = commas[2] if code[commas[2] + 1:commas[3]].strip() == "0" else commas[3]
+    return all(stream <= a and b <= end for a, b in spans)
 
 
 def _drop_weak(hits: Hits) -> None:
@@ -284,7 +344,7 @@ def _moved(changed: Sequence[Changed]) -> set[tuple[int, int]]:
     return out
 
 
-def _extend(code: str, start: int, end: int) -> tuple[int, int]:
+def extend_match(code: str, start: int, end: int) -> tuple[int, int]:
     """A name that is assigned or called covers its value or its arguments: `RELEASE_GIL =
     True` changes the GIL setting when only `True` changed."""
     if end and code[end - 1] == "(":  # the signature took the call's parenthesis

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from reviews.risk import files
+from reviews.risk.changes import change_runs, normal_tokens
 from reviews.risk.code import NATIVE as _NATIVE_SET
 from reviews.risk.code import PYTHON as _PYTHON_SET
 from reviews.risk.code import MoveIndex
@@ -91,7 +92,7 @@ _TOLERANCE = re.compile(r"(?i)\b(?:a?tol|rtol|atol|tolerance|eps|ratio|err_ratio
 # Names of a tolerance as identifier words (abs_tol, fwd_atol, rtol_logits), and a row of bare
 # numbers (a parametrised test's table: its columns have no names).
 _TOLERANCE_WORDS = frozenset({"tol", "tols", "atol", "rtol", "tolerance", "tolerances", "eps",
-                              "epsilon"})
+                              "epsilon", "reltol", "abstol", "errtol", "xtol", "ftol", "gtol"})
 _TOLERANCE_WORD = re.compile(words(*_TOLERANCE_WORDS))
 _NUMBER_ROW = re.compile(r"^\s*[-+]?(?:\d|\.\d)[-+\w.]*\s*(?:,\s*[-+]?(?:\d|\.\d)[-+\w.]*\s*)*,?"
                          r"\s*$")
@@ -182,6 +183,9 @@ _BUILD_LINE = re.compile(r"(?i)\b(?:extra_link_args|library_dirs|runtime_library
 # Python (a request queue, a cost model) whose constants are nobody's numerics.
 _RISKY_PATH = re.compile(r"(?i)(?:^|/)(?:ops|kernels?|csrc|cuda|triton|layers|models?|"
                          r"deploy\w*|launch\w*|comm|moe\w*|attention|gemm|jit)(?:/|\.|_|$)")
+# Code that samples tokens, and the values a sampler computes with.
+_SAMPLER = re.compile(r"(?i)(?:^|/|_)sampl(?:er|ers|ing)\w*\.\w+$|\bmultinomial\w*\(")
+_SAMPLED = re.compile(r"(?i)prob|random|logit|temperature|top_?[pk]|min_?p\b|accum|cdf")
 # Device code: a line that only GPU code writes.
 _DEVICE_MARKS = (r"__global__|__device__|__shared__|threadIdx|blockIdx|__syncthreads|__ldg|"
                  r"warpgroup_|cute::|cutlass::arch|__host__|\w*HOST_DEVICE\b|__forceinline__")
@@ -189,7 +193,7 @@ _DEVICE_SUFFIXES = (".cu", ".cuh", ".hip")
 _DEVICE_MARK = re.compile(_DEVICE_MARKS)
 # Code that runs a compiler: it passes nvcc, NVRTC or hipcc their flags.
 _COMPILER = re.compile(r"nvcc|nvrtc|hipcc|ptxas|NVCC|NVRTC|--gpu-architecture|-gencode|"
-                       r"--offload-arch|-arch=sm_")
+                       r"--offload-arch|-arch=sm_|\bextra_(?:cuda_)?cflags\b|\bextra_ldflags\b")
 _LITERAL = re.compile(r"\b(?:true|false|True|False|None|nullptr)\b|"
                       r"(?<![\w.])-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?[uUlLfF]*|\"[^\"]*\"|'[^']*'")
 _KERNEL_DSL = re.compile(r"@triton\.jit|tl\.(?<![\w.]tl\.)\w|cute\.\w|cutlass\.\w|T\.Kernel|"
@@ -380,6 +384,7 @@ class _File:
     precision: frozenset[Order]  # lines the analysers found numerics (not fast-math) on
     changed: frozenset[Order] | None  # code lines whose tokens changed (None: not known)
     sides: dict[str, str]  # each side's changed lines of the whole file, without layout
+    sampler: bool = False  # its path or diff says it samples tokens (sampling.cpp, multinomial)
 
 
 def _file_of(change: FileChange, language: str | None, found: Sequence[Ordered],
@@ -405,6 +410,7 @@ def _file_of(change: FileChange, language: str | None, found: Sequence[Ordered],
         precision=frozenset(order for order, f in found
                             if f.category == NUMERICS and f.rule != FAST_MATH),
         changed=None if changed is None else frozenset(changed),
+        sampler=code and not test and bool(_SAMPLER.search(change.path) or _SAMPLER.search(text)),
         # A read moved between hunks, a check relaxed in another hunk: the whole file's sides.
         sides=_file_sides(change, lex_python if python else lex_c) if build or test else (
             {ADDED: "", REMOVED: ""}))
@@ -435,7 +441,9 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
             if kind.device:  # the run is explained by its order, as the analysers' barriers are
                 families.explained.update(_run_of(change.hunks[h], i, h))
     for h, hunk in enumerate(change.hunks):
-        lines = list(_lines(hunk, lexer, config))
+        lexed = None if config else lexer([line.text for line in hunk.lines])
+        lines = list(_lines(hunk, lexer, config, lexed))
+        same = set() if lexed is None else equivalent_runs(hunk.lines, lexed)
         logged = _log_only(lines, kind.python) if code and not kind.test else set()
         families.explained.update((h, i) for i in logged)
         if not kind.python:  # a C branch that only logs: its condition is nobody's collective
@@ -449,7 +457,7 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
                 families.explained.add((h, i))
                 out.append(((h, i), _finding(change, hunk.lines[i], SYNC, CONCURRENCY, reason)))
         for i, line in enumerate(lines):
-            if line.kind == CONTEXT:
+            if line.kind == CONTEXT or i in same:
                 continue
             order = (h, i)
             if kind.test:
@@ -499,6 +507,10 @@ def _code_line_hits(lines: Sequence[_Line], i: int, order: Order, kind: _File,
                  "architectures or build environment: the binary production runs")] + [
             hit for hit in hits if hit[1] != CONCURRENCY]
     hits += _fourth_round_hits(line, order, kind, families)
+    if kind.sampler and seen and not hits and _SAMPLED.search(line.code) and _changes_a_value(
+            line):
+        hits.append((PRECISION, NUMERICS, "changes a sampler's arithmetic (its probabilities, "
+                     "random point or cut-off): which token comes out, and how rounding errs"))
     if _CLAMPED in hits and any(hit[1] == CONCURRENCY for hit in hits):
         hits.remove(_CLAMPED)  # weak: a block count clamped for a grid barrier
     if kind.build:
@@ -548,6 +560,20 @@ def _log_lines(lines: Sequence[_Line], indices: Sequence[int],
         if depth > 0 or (call.match(code)):
             out.add(i)
             depth = max(0, depth + code.count("(") - code.count(")"))
+    return out
+
+
+def equivalent_runs(lines: Sequence[DiffLine], lexed: Sequence[Lexed]) -> set[int]:
+    """The lines of the hunk's runs whose two sides compile to the same (``normal_tokens``:
+    `NULL` -> `nullptr`, `;;` -> `;`, a declared parameter named): no family reads them."""
+    out: set[int] = set()
+    for run in change_runs(lines):
+        if 2 * sum(1 for k in run if lines[k].kind == ADDED) != len(run):
+            continue  # a line added or dropped: not a respelling line for line
+        old = [(k, t) for k in run if lines[k].kind == REMOVED for t in lexed[k].tokens]
+        new = [(k, t) for k in run if lines[k].kind == ADDED for t in lexed[k].tokens]
+        if old and new and normal_tokens(old) == normal_tokens(new):
+            out.update(run)
     return out
 
 
@@ -604,10 +630,11 @@ class _RawSides:
 
 
 def _lines(hunk: Hunk, lexer: Callable[[Sequence[str]], list[Lexed]],
-           config: bool) -> Iterator[_Line]:
+           config: bool, lexed: list[Lexed] | None = None) -> Iterator[_Line]:
     """The hunk's lines with their counterparts on the other side (see ``_Line``)."""
     texts = [line.text for line in hunk.lines]
-    lexed = None if config else lexer(texts)
+    if lexed is None and not config:
+        lexed = lexer(texts)
     masked = texts if lexed is None else [item.code for item in lexed]
     raws = texts if lexed is None else [item.raw for item in lexed]
     table = ""
@@ -1036,7 +1063,8 @@ def _test_hits(line: _Line, added: str = "") -> list[_Hit]:
     with a word tol, atol, rtol or eps (``abs_tol``, ``fwd_atol``) or by its place: a fraction
     in a row of bare numbers (a parametrised test's table, whose columns have no names)."""
     hits: list[_Hit] = []
-    named = bool(_TOLERANCE.search(line.code) or _TOLERANCE_WORD.search(line.code))
+    named = bool(_TOLERANCE.search(line.code) or _TOLERANCE_WORD.search(line.code) or (
+        set(_words_of(line.opened)) & _TOLERANCE_WORDS))  # a row of `tols = {`
     row = bool(_NUMBER_ROW.match(line.code))
     if line.twin is not None and (named or row) and _loosened(line, fractions=not named):
         hits.append((PRECISION, NUMERICS, "loosens a tolerance in a test: what used to fail "
@@ -1051,6 +1079,9 @@ def _test_hits(line: _Line, added: str = "") -> list[_Hit]:
     elif _sets_tolerance(line, added):
         hits.append((PRECISION, NUMERICS, "sets a tolerance for comparisons the change does not "
                      "add (under a condition, for one dtype): what used to fail may now pass"))
+    if _new(_TEST_PRECISION, line):
+        hits.append((PRECISION, NUMERICS, "changes the precision a test computes under (TF32 "
+                     "turned off or on, a matmul precision): what its tolerances must allow"))
     if (_SEED.search(line.code) and _numbers_differ(line)) or _new(_SEED_CALL, line):
         hits.append((PRECISION, NUMERICS, "changes the seed a test compares results under"))
     if _new(_TEST_SYNC, line):
@@ -1060,6 +1091,10 @@ def _test_hits(line: _Line, added: str = "") -> list[_Hit]:
     return hits
 
 
+# A test's precision mode: TF32 switched for a block, a matmul precision set.
+_TEST_PRECISION = re.compile(r"\b(?:tf32_off|tf32_on|tf32_on_and_off|with_tf32_off|allow_tf32|"
+                             r"set_float32_matmul_precision|allow_(?:fp16|bf16)_reduced_precision"
+                             r"_reduction)\b")
 # Synchronisation in a test's harness: the device, a stream or the ranks of a distributed test.
 _TEST_SYNC = re.compile(r"\b(?:torch\.cuda\.synchronize|(?:dist|torch\.distributed)\.barrier|"
                         r"\w+\.wait_stream|get_accelerator\(\)\.synchronize)\s*\(")

@@ -46,7 +46,7 @@ _BY_SUFFIX = {
     ".py": PYTHON, ".pyi": PYTHON, ".pyw": PYTHON,
     ".pyx": CYTHON, ".pxd": CYTHON, ".pxi": CYTHON,
     ".c": NATIVE, ".h": NATIVE, ".cc": NATIVE, ".cpp": NATIVE, ".cxx": NATIVE, ".c++": NATIVE,
-    ".hpp": NATIVE, ".hh": NATIVE, ".hxx": NATIVE, ".h++": NATIVE, ".inl": NATIVE,
+    ".hpp": NATIVE, ".hh": NATIVE, ".hxx": NATIVE, ".h++": NATIVE, ".inl": NATIVE, ".inc": NATIVE,
     ".ipp": NATIVE, ".tpp": NATIVE, ".cu": NATIVE, ".cuh": NATIVE, ".hip": NATIVE,
     ".m": NATIVE, ".mm": NATIVE, ".cuinc": NATIVE,
     ".metal": SHADER, ".comp": SHADER, ".glsl": SHADER, ".vert": SHADER, ".frag": SHADER,

@@ -281,7 +281,7 @@ def _python(lines: Sequence[str], in_string: str | None) -> list[Lexed]:
 
 # Inline PTX (asm volatile("ld.acquire.gpu.b32 ...")) is code written in a string; a printf
 # format or a log message is not. PTX strings start with an instruction and its modifiers.
-_PTX = re.compile(r"\s*(?:@!?%?\w+\s+)?[a-z][a-z0-9]*(?:\.[a-z0-9_:]+)+\b")
+_PTX = re.compile(r"\s*\{?\s*(?:@!?%?\w+\s+)?[a-z][a-z0-9]*(?:\.[a-z0-9_:]+)+\b")
 _C_COMMENT_CONTINUATION = re.compile(r"^\s*\*(?:\s|/|$)")
 _C_SPECIAL = re.compile(r"//|/\*|\"|'")
 

@@ -21,6 +21,7 @@ from reviews.risk.lines import Changed, Ordered, changed_lines, finding, overlap
 from reviews.risk.signatures import (
     DEPLOY,
     ENTRYPOINT,
+    FAST_MATH_FLAGS,
     GPU_ARCH,
     LAUNCH,
     NUMERIC_KEY,
@@ -41,6 +42,10 @@ _INSTALL = re.compile(r"\b(?:pip3?|uv\s+pip|conda|mamba|apt-get|apt|yum|dnf|brew
 _ANY_FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*|(?<![\w-])[A-Za-z_]\w*=")
 # A line of a script that is a command's long option (a continuation of a launch, or a line of
 # a MODEL_OPTIONS="..." string the script expands into one): how the program it starts runs.
+# A build file's compiler flags: CMake's flag variables and options, make's FLAGS variables.
+_COMPILER_FLAGS = re.compile(r"\b(?:CMAKE_\w*_FLAGS\w*|\w*NVCC_?FLAGS\w*|(?:C|CXX|CU|LD)FLAGS|"
+                             r"(?:target|add)_compile_options|(?:target|add)_link_options)\b")
+_FAST_MATH = re.compile(FAST_MATH_FLAGS.pattern)
 _OPTION_LINE = re.compile(r"^\s*--[A-Za-z][\w-]*(?:[=\s]|$)")
 
 
@@ -76,6 +81,16 @@ def _other_sides(change: FileChange) -> list[dict[str, str]]:
     return [{kind: "\n".join(lexed.raw for lexed in lex_hash(
         [line.text for line in hunk.lines if line.kind == kind]))
              for kind in (ADDED, REMOVED)} for hunk in change.hunks]
+
+
+_FLAGS_REASON = "changes the compiler's flags"
+
+
+def _only_fast_math(raw: str, other: str) -> bool:
+    """Whether the line is a line of the other side but for a fast-math flag."""
+    normal = "".join(_FAST_MATH.sub(" ", raw).split())
+    return any("".join(_FAST_MATH.sub(" ", line).split()) == normal
+               for line in other.splitlines())
 
 
 def _respelled(raw: str, other: str) -> bool:
@@ -122,7 +137,10 @@ def shell(change: FileChange) -> list[Ordered]:
             continue
         out += _runtime_environment(
             change, item, sides[item.order[0]][REMOVED if item.line.kind == ADDED else ADDED])
+        other = sides[item.order[0]][REMOVED if item.line.kind == ADDED else ADDED]
         reason = _launch_reason(raw, launch_script, entrypoints.get(item.order[0]), build)
+        if reason.startswith(_FLAGS_REASON) and _only_fast_math(raw, other):
+            reason = ""  # the flags differ by a fast-math one: numerics, read below
         if reason:
             signature = Signature(LAUNCH, "", reason)
             out.append((item.order, finding(change, item, signature, "")))
@@ -159,6 +177,10 @@ def _launch_reason(raw: str, launch_script: bool, entrypoint: str | None,
     arch = _GPU_ARCH.search(raw)
     if arch:
         return f"changes the GPU architectures a build compiles for ({arch.group()})"
+    # A fast-math flag is numerics only (the RAW signatures read it).
+    flags = _COMPILER_FLAGS.search(raw) if build and not _FAST_MATH.search(raw) else None
+    if flags:
+        return f"{_FLAGS_REASON} ({flags.group()}): the binary production runs"
     if entrypoint and _ANY_FLAG.search(raw):
         return f"changes a flag of the {entrypoint} launch command"
     if _OPTION_LINE.match(raw) and not build:

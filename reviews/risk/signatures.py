@@ -100,6 +100,17 @@ class _Index:
     always_order: list[int]
 
 
+# A log statement: a C or C++ log macro, printf or stream, or a Python print or logger call.
+# A switch's name inside its message is text, not the switch (raw signatures see strings).
+_LOG_LINE = re.compile(r"^\s*(?:[\w:]*LOG\w*|[\w:]*Log\w*|f?printf|std::(?:cerr|cout|clog)"
+                       r"|spdlog::\w+|print|(?:[\w.]*\.)?(?:logger|logging|log)\.\w+)\b\s*(?:\(|<<)")
+
+
+def is_log_line(code: str) -> bool:
+    """Whether the line (comments blanked, strings masked) is a log statement."""
+    return _LOG_LINE.match(code) is not None
+
+
 class SignatureSet:
     """Signatures compiled into one alternation per rule, so that a line costs one search per
     rule however many signatures there are; a rule is searched only on lines that contain
@@ -224,6 +235,8 @@ class SignatureSet:
                     signature = self.signatures[int(match.lastgroup[1:])]
                     if not in_raw and signature.extend:
                         start, end = extend(code, start, end)
+                    elif in_raw and code[start:end] != raw[start:end] and is_log_line(code):
+                        continue  # a log message naming a switch (printf("AMX_BF16_MOE"))
                     if any(a < end and start < b for a, b in spans):
                         hits[rule] = (signature, raw[start:end])
                         break
@@ -596,7 +609,7 @@ C_CONCURRENCY: tuple[Signature, ...] = (
               r"|volatile|acq_rel|sc|global\.add|shared\.add|add)\w*|\bcuda::atomic_ref\b|"
               r"InterlockedIncrement\w*|InterlockedCompareExchange\w*|"
               r"\b(?:ld_|st_|red_|atom_)\w*(?:acquire|release|relaxed|volatile)\w*|"
-              r"\w*memory_fence\w*|\bfence_\w+",
+              r"\w*memory_fence\w*|\bfence_\w+|\bmultimem\.[\w.]+",
               "changes an atomic operation or memory ordering ({m}): what other threads can "
               "observe and when"),
     Signature(SYNC, r"__syncthreads\w*|__syncwarp|__syncblocks|__barrier_sync|"
@@ -608,6 +621,10 @@ C_CONCURRENCY: tuple[Signature, ...] = (
               r"ggml_cuda_pdl_sync|griddepcontrol\w*|cudaGridDependencySynchronize",
               "changes a barrier between GPU threads ({m}): without it threads race on "
               "shared memory"),
+    # The current device is a host thread's own: a worker thread starts on device 0.
+    Signature(THREADS, r"\b(?:cuda|hip)SetDevice\b",
+              "changes which device a host thread works on ({m}): each thread has its own "
+              "current device, and a worker's copies and launches go to it"),
     Signature(SYNC, r"\b(?:cuda|hip|cu)(?:Stream|Event)\w*|\b(?:cuda|hip)DeviceSynchronize|"
               r"\b(?:cuda|hip)Mem(?:cpy|set)\w*Async|"
               r"cudaLaunchHostFunc|getCurrentCUDAStream|\bCUDAStream\w*|at::cuda::\w*Stream\w*|"
@@ -633,7 +650,10 @@ C_CONCURRENCY: tuple[Signature, ...] = (
 # quoted "100a".
 GPU_ARCH = (r"(?<![.:>])\b\w*(?<![A-Za-z])[Aa]rch(?:s|_list|itectures?)?\b(?!\s*(?:::|\.))|"
             r"\b(?:sm|compute)_\d{2,3}[af]?\b|\bgfx\d{3,4}\w*|\bgencode\b|"
-            r"""(?<=["'])\d{2,3}[af](?=["'])|\b[A-Z_]*ARCH(?:S|_LIST)(?:_[A-Z]+)*\b""")
+            r"""(?<=["'])\d{2,3}[af](?=["'])|\b[A-Z_]*ARCH(?:S|_LIST)(?:_[A-Z]+)*\b|"""
+            # a build's compute capabilities: build_capability="75;80;90", CUDA_CAPABILITIES
+            r"""\b\w*(?<![A-Za-z])(?:capability|capabilities|CAPABILITY|CAPABILITIES)\b"""
+            r"""(?=\s*[=:]|["'])""")
 
 STRONG_FLAG = (
     r"--?(?:(?:tensor|pipeline|data|expert|context|sequence)[-_]parallel(?:[-_]size)?"

@@ -22,9 +22,14 @@ from reviews.risk import (
     risk_classes,
     rules_from_manifest,
 )
+from reviews.risk.analysers import log_arguments
+from reviews.risk.changes import hoisted_default, normal_tokens
+from reviews.risk.code import only_stream_changed
+from reviews.risk.diff import ADDED, REMOVED, DiffLine
 from reviews.risk.environment import draws_or_rounds, switches_collective
 from reviews.risk.families import _same_argument
-from reviews.risk.lexers import lex_python
+from reviews.risk.lexers import Token, lex_c, lex_python
+from reviews.risk.signatures import is_log_line
 from tests.conftest import EXAMPLE
 
 AUTHOR = {"author_name": "Agent", "author_email": "agent@example.test"}
@@ -1045,3 +1050,110 @@ def test_a_hunk_that_opens_on_a_docstrings_last_line_is_read_as_code() -> None:
     lexed = lex_python(['    """', "    if x:", "        y = {'a': 256}"])
 
     assert lexed[2].code.strip().startswith("y = {")
+
+
+# --- The fifth round: what the fourth held-out set showed (docs/risk.md) ---------------------
+
+
+@pytest.mark.parametrize(("path", "old", "new"), [
+    pytest.param("csrc/pythonInterface.cpp", "void f() {\n    g(NULL, a);\n}\n",
+                 "void f() {\n    g(nullptr, a);\n}\n", id="NULL-spelled-nullptr"),
+    pytest.param("src/impl/reduce_copy.h", "__device__ void f() {\n    acc[u] = cast(p);;\n}\n",
+                 "__device__ void f() {\n    acc[u] = cast(p);\n}\n", id="an-empty-statement"),
+    pytest.param("src/include/core.h", "ncclTeam_t ncclTeamWorld(ncclComm_t);\n",
+                 "ncclTeam_t ncclTeamWorld(ncclComm_t comm);\n", id="a-parameter-named"),
+    pytest.param("ops/amx/moe.hpp", 'void init() {\n    printf("Created AMX_BF16_MOE_TP\\n");\n}\n',
+                 'void init() {\n    printf("Created BF16_MOE_TP\\n");\n}\n',
+                 id="a-switch-named-in-a-printf"),
+    pytest.param("model.py",
+                 "def freqs(n: int) -> Tensor:\n    c = build(n)\n"
+                 "    return c.to(dtype=torch.bfloat16)\n",
+                 "def freqs(n: int,\n          dtype: torch.dtype = torch.bfloat16) -> Tensor:\n"
+                 "    c = build(n)\n    return c.to(dtype=dtype)\n",
+                 id="a-literal-made-a-new-parameters-default"),
+    pytest.param("third_party/iqk_mul_mat.inc", "int f() {\n    // 中文\n    return 1;\n}\n",
+                 "int f() {\n    // in English\n    return 1;\n}\n", id="a-comment-in-an-inc-file"),
+    pytest.param("router/src/lib.rs",
+                 'fn run() {\n    anyhow::bail!(\n        "too long ({} < {})",\n'
+                 '        a,\n        b\n    );\n}\n',
+                 'fn run() {\n    anyhow::bail!(\n        "too long: {a} < {b}"\n    );\n}\n',
+                 id="a-rust-error-message-and-its-arguments"),
+])
+def test_what_the_fourth_held_out_set_showed_harmless_stays_harmless(
+        path: str, old: str, new: str) -> None:
+    assert classify(unified(path, old, new)) == []
+
+
+@pytest.mark.parametrize(("path", "old", "new", "classes"), [
+    pytest.param("tests/test_kv_cache.py", "tols = {\n    torch.half: (1e-2, 1e-2),\n}\n",
+                 "tols = {\n    torch.half: (1.5e-2, 1.5e-2),\n}\n", [NUMERICS],
+                 id="a-row-of-a-tols-table-loosened"),
+    pytest.param("tests/test_functional.py", "assert err < ref + 1e-3\n",
+                 "errtol = 1.2e-3 if cpu else 1e-3\nassert err < ref + errtol\n", [NUMERICS],
+                 id="a-tolerance-under-a-joined-name"),
+    pytest.param("tests/test_pipeline.py", "loss = run(model)\n",
+                 "with common_cuda.tf32_off():\n    loss = run(model)\n", [NUMERICS],
+                 id="tf32-turned-off-in-a-test"),
+    pytest.param(".github/scripts/build-cuda.sh", 'build_capability="50;52;60;70"\n',
+                 'build_capability="50;60;70"\n', [PRODUCTION], id="a-build-capability-list"),
+    pytest.param("CMakeLists.txt", "if(BUILD_CUDA)\nendif()\n",
+                 'if(BUILD_CUDA)\n    string(APPEND CMAKE_CUDA_FLAGS " --compress-mode=size")\n'
+                 "endif()\n", [PRODUCTION], id="a-cmake-compiler-flag"),
+    pytest.param("ext/stloader.cpp", "auto worker = [&] () {\n    copy();\n};\n",
+                 "auto worker = [&] () {\n    cudaSetDevice(dev);\n    copy();\n};\n",
+                 [CONCURRENCY], id="a-worker-thread-sets-its-device"),
+    pytest.param("src/device/generate.py", 'src = (\n  "__global__ void k() {{\\n"\n  "}}"\n)\n',
+                 'src = (\n  "__global__ void k() {{\\n"\n'
+                 '  "  cudaGridDependencySynchronize();\\n"\n  "}}"\n)\n', [CONCURRENCY],
+                 id="a-barrier-in-generated-cuda"),
+    pytest.param("ext/cpp/sampling.cpp", "void s() {\n    pick(probs, random_s);\n}\n",
+                 "void s() {\n    float r = random_s * 0.9998;\n    pick(probs, r);\n}\n",
+                 [NUMERICS], id="a-samplers-random-point-scaled"),
+    pytest.param("core/src/infer.rs", "fn f() {\n    std::thread::spawn(move || g());\n}\n",
+                 "fn f() {\n    tokio::task::spawn_blocking(move || g());\n}\n", [CONCURRENCY],
+                 id="a-rust-thread-made-a-blocking-task"),
+    pytest.param("router/src/main.rs", "struct Args {\n    #[clap(long, env)]\n    t: bool,\n}\n",
+                 'struct Args {\n    #[clap(long, env, default_value = "true")]\n    t: bool,\n}\n',
+                 [PRODUCTION], id="a-rust-flags-default"),
+    pytest.param("csrc/softmax.h", "void run() {\n    kernel<<<blocks, threads>>>(dst);\n}\n",
+                 "void run() {\n    kernel<<<blocks, threads, 0, stream>>>(dst);\n}\n",
+                 [CONCURRENCY], id="a-launch-given-a-stream"),
+])
+def test_what_the_fourth_held_out_set_showed_is_found(
+        path: str, old: str, new: str, classes: list[str]) -> None:
+    assert risk_classes(classify(unified(path, old, new))) == classes
+
+
+def test_tokens_that_compile_to_the_same() -> None:
+    def tokens(*lines: str) -> list[tuple[int, Token]]:
+        return [(k, t) for k, line in enumerate(lex_c(list(lines))) for t in line.tokens]
+
+    assert normal_tokens(tokens("f(NULL);;")) == normal_tokens(tokens("f(nullptr);"))
+    assert normal_tokens(tokens("int f(T, U);")) == normal_tokens(tokens("int f(T t, U u);"))
+    assert normal_tokens(tokens("for (;;) {")) != normal_tokens(tokens("for (;) {"))
+    assert normal_tokens(tokens("return g(a, b);")) != normal_tokens(tokens("return g(a, c);"))
+    assert normal_tokens(tokens("f(not a)")) != normal_tokens(tokens("f(not b)"))
+
+
+def test_log_lines_and_the_arguments_of_a_log_macro() -> None:
+    assert is_log_line('printf("x %d", y);')
+    assert is_log_line('logger.info("x")')
+    assert not is_log_line("y = printer(x)")
+    assert log_arguments(["anyhow::bail!(", '    "msg {}",', "    a,", ");", "x = 1;"]) == {
+        1, 2, 3}
+
+
+def test_only_a_launchs_stream_changed() -> None:
+    code = "k<<<g, b, 0, s>>>(x);"
+    assert only_stream_changed(code, [(code.index(", 0"), code.index(">>>"))])
+    assert not only_stream_changed(code, [(code.index("g"), code.index("g") + 1)])
+
+
+def test_a_literal_made_a_parameters_default() -> None:
+    lines = [DiffLine(REMOVED, 3, None, "    return c.to(dtype=torch.half)"),
+             DiffLine(ADDED, None, 2, "    dtype: torch.dtype = torch.half,"),
+             DiffLine(ADDED, None, 3, "    return c.to(dtype=dtype)")]
+    lexed = lex_python([line.text for line in lines])
+    assert hoisted_default(lines, lexed)
+    other = [lines[0], lines[1], DiffLine(ADDED, None, 3, "    return c.to(dtype=torch.float)")]
+    assert not hoisted_default(other, lex_python([line.text for line in other]))

@@ -28,7 +28,13 @@ def slug(entry: dict[str, Any]) -> str:
     return str(entry["file"]).removesuffix(".diff")
 
 
-@pytest.mark.parametrize("entry", INDEX, ids=slug)
+# Mismatches the rules do not fix yet (index.toml's `open` key says why): expected to fail,
+# strictly, so that the entry loses its key when a rule fixes it.
+LABELLED = [pytest.param(entry, marks=pytest.mark.xfail(reason=str(entry["open"]), strict=True))
+            if "open" in entry else entry for entry in INDEX]
+
+
+@pytest.mark.parametrize("entry", LABELLED, ids=slug)
 def test_a_corpus_diff_gets_exactly_its_labelled_classes(entry: dict[str, Any]) -> None:
     diff = (CORPUS / str(entry["file"])).read_text()
 
@@ -64,6 +70,7 @@ def test_the_corpus_covers_every_class_and_many_harmless_diffs() -> None:
     assert all(sum(1 for label in labels if cls in label) >= 4 for cls in CLASSES)
     assert sum(1 for label in labels if len(label) >= 2) >= 5
     assert all(entry["modelled_on"] for entry in INDEX)
+    assert all(str(entry["open"]).strip() for entry in INDEX if "open" in entry)
 
 
 def test_the_index_names_every_diff_of_the_corpus_once() -> None:
