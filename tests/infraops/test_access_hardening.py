@@ -381,11 +381,20 @@ def test_an_after_beyond_any_row_number_sends_nothing_and_breaks_nothing(
 # --- 4. server frames: at most 256 KiB ------------------------------------------------------
 
 
-async def all_frames(communicator: WebsocketCommunicator) -> list[str]:
+async def all_frames(communicator: WebsocketCommunicator,
+                     until: Callable[[str], bool]) -> list[str]:
+    """Frames up to the one `until` accepts, each waited for with a generous deadline (a
+    half-second pause between frames ended an earlier version early under a loaded suite),
+    then none more."""
     frames = [str(await communicator.receive_from(timeout=TIMEOUT))]
-    while not await communicator.receive_nothing(timeout=0.5):
+    while not until(frames[-1]):
         frames.append(str(await communicator.receive_from(timeout=TIMEOUT)))
+    assert await communicator.receive_nothing(timeout=0.5), "a frame after the last one"
     return frames
+
+
+def fetch_frame(frame: str) -> bool:
+    return frame.startswith("<template data-live-fetch")
 
 
 @sockets
@@ -397,7 +406,7 @@ def test_many_rows_go_in_several_frames_each_under_256_kib(run: AgentRun, viewer
     async def scenario() -> list[str]:
         communicator = await open_socket(run.pk, headers)
         await communicator.send_json_to({"after": 0})
-        frames = await all_frames(communicator)
+        frames = await all_frames(communicator, until=lambda frame: 152 in seqs(frame))
         await communicator.disconnect()
         return frames
 
@@ -419,7 +428,7 @@ def test_a_row_too_big_for_a_frame_makes_the_page_fetch_over_http(run: AgentRun,
     async def scenario() -> tuple[list[str], bool, str]:
         communicator = await open_socket(run.pk, headers)
         await communicator.send_json_to({"after": 0})
-        frames = await all_frames(communicator)
+        frames = await all_frames(communicator, until=fetch_frame)
         # The page fetched over HTTP and says where it is now; nothing comes twice, and
         # the socket streams what is new again.
         await communicator.send_json_to({"after": big.seq})
@@ -457,7 +466,7 @@ def test_a_page_that_could_not_fetch_is_not_sent_the_fetch_frame_again(
     async def scenario() -> tuple[list[str], bool]:
         communicator = await open_socket(run.pk, headers)
         await communicator.send_json_to({"after": 2})
-        frames = await all_frames(communicator)
+        frames = await all_frames(communicator, until=fetch_frame)
         await communicator.send_json_to({"after": 2})  # still at 2: the fetch failed
         quiet = await communicator.receive_nothing(timeout=0.5)
         await communicator.disconnect()
