@@ -36,7 +36,7 @@ class _Sender:
     loop a call, so each notification connected to Redis afresh: 3.4 ms a notification, two or
     more an experiment, each on the worker's path between claim and finish. On one loop kept
     for the process the connection is reused. A process forked from this one (Celery's pool)
-    gets a loop of its own: the thread does not survive a fork."""
+    forgets it at the fork (`reset`, below) and makes its own: the thread does not survive."""
 
     def __init__(self) -> None:
         self.reset()
@@ -45,12 +45,11 @@ class _Sender:
         """Forget the loop (and a lock another thread may have held at a fork)."""
         self.lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.pid = 0
 
     def _loop(self) -> asyncio.AbstractEventLoop:
         with self.lock:
-            if self.loop is None or self.pid != os.getpid():
-                self.loop, self.pid = asyncio.new_event_loop(), os.getpid()
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
                 threading.Thread(target=self.loop.run_forever, name="live-notify",
                                  daemon=True).start()
             return self.loop
