@@ -42,6 +42,7 @@ from infraops.models import (
     Target,
     TargetMembership,
 )
+from infraops.reads import JoinedRead
 from infraops.roles import REVIEWER
 from infraops.services.audit import audit_record
 
@@ -148,14 +149,20 @@ def _superuser_grant_of(user_id: int) -> Grant:
     return Grant("superuser", latest.granted_by_id, latest.granted_by_label, latest.granted_at)
 
 
+# A user's membership in one role on one target (one at most), read by a statement built once
+# per process: the change page asks it on every read.
+_REVIEWER_MEMBERSHIP = JoinedRead(
+    TargetMembership, where='t0."user_id" = %s AND t0."target_id" = %s AND t0."role" = %s',
+    order_by='t0."id"', limit=1)
+
+
 def reviewer_grants(user: User, target_id: int) -> list[Grant]:
     """The grants through which `user` holds the reviewer role on the target now: their
     superuser status, their reviewer membership, or both."""
     grants = []
     if user.is_superuser:
         grants.append(_superuser_grant_of(user.pk))
-    membership = TargetMembership.objects.filter(user_id=user.pk, target_id=target_id,
-                                                 role=REVIEWER).first()
+    membership = _REVIEWER_MEMBERSHIP.get(user.pk, target_id, REVIEWER)
     if membership is not None:
         if membership.granted_at is None:
             grants.append(Grant("reviewer membership", None, NOT_RECORDED, None))

@@ -495,6 +495,10 @@ CACHES: dict[str, dict[str, Any]] = {
     # a long probe output up to a few megabytes).
     "experiments": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                     "LOCATION": "infraops-experiments", "OPTIONS": {"MAX_ENTRIES": 300}},
+    # A change page's diff tables, per state of the change (reviews/views/change.py): per
+    # process, bounded (a diff's tables are tens of kilobytes, a large diff's a few megabytes).
+    "changes": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+                "LOCATION": "infraops-changes", "OPTIONS": {"MAX_ENTRIES": 200}},
 }
 # The window of the per-user rate limits (seconds); the limits are counted per window.
 RATE_WINDOW_SECONDS = 60

@@ -106,6 +106,31 @@ def test_a_line_comment_is_kept_shown_on_its_line_and_reaches_the_agent(
                for n in news)
 
 
+def test_the_diff_tables_kept_between_reads_follow_comments_findings_and_the_readers_rights(
+    client: Client, reviewer: User, viewer: User, config_change: Change
+) -> None:
+    """The tables are rendered once per process for each state of what they show: a read
+    after a comment, a changed finding or by a reader who may not comment shows that state."""
+    client.force_login(reviewer)
+    url = f"/reviews/changes/{config_change.pk}/"
+    first = client.get(url).content.decode()
+    assert "Comment on this line" in first  # a reviewer's rows open the comment form
+
+    change_comment(change=config_change, author=reviewer, path="config/serving.toml", line=2,
+                   side="new", text="Measure the KV transfer first.")
+    assert "Measure the KV transfer first." in client.get(url).content.decode()
+
+    Change.objects.filter(pk=config_change.pk).update(
+        risk=[finding | {"reason": "a reason the first read did not show"}
+              for finding in config_change.risk])
+    assert "a reason the first read did not show" in client.get(url).content.decode()
+
+    client.force_login(viewer)
+    page = client.get(url).content.decode()
+    assert "Measure the KV transfer first." in page
+    assert "Comment on this line" not in page  # a viewer's rows link nowhere
+
+
 def test_a_comment_on_a_line_outside_the_diff_is_refused(config_change: Change,
                                                          reviewer: User) -> None:
     with pytest.raises(DomainError, match="line 99 is not a line of this diff"):
