@@ -14,12 +14,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django import forms
+from django.db import connections, router
 from django.db.models import Q
 from django.http import HttpResponse, QueryDict
 from django.shortcuts import render
 from django.utils import timezone
 
-from infraops.access import AuthenticatedHttpRequest, require_any_role, scoped, visible_targets
+from infraops.access import AuthenticatedHttpRequest, is_superuser, require_any_role, scoped
 from infraops.models import Goal
 from infraops.roles import AnyUser
 from reviews.live import reviewer_classes
@@ -41,14 +42,39 @@ Cursor = tuple[datetime, int]
 DEFAULTS = {"scope": "mine", "status": str(Change.Status.PENDING_REVIEW)}
 
 
+# The filter's choices: the targets and goals the user sees (every one for a superuser), as
+# literal statements (bandit, B608). Built by the ORM on every read of the queue, these two
+# queries had cost a sixth of the page's web CPU (bench/load.py).
+_TARGET_CHOICES = {
+    True: "SELECT t.id, t.name FROM infraops_target t ORDER BY t.name",
+    False: "SELECT t.id, t.name FROM infraops_target t WHERE t.id IN "
+           "(SELECT target_id FROM infraops_targetmembership WHERE user_id = %s) ORDER BY t.name",
+}
+_GOAL_CHOICES = {
+    True: "SELECT g.id, t.name || ': ' || g.name FROM infraops_goal g "
+          "JOIN infraops_target t ON t.id = g.target_id ORDER BY t.name, g.name",
+    False: "SELECT g.id, t.name || ': ' || g.name FROM infraops_goal g "
+           "JOIN infraops_target t ON t.id = g.target_id WHERE g.target_id IN "
+           "(SELECT target_id FROM infraops_targetmembership WHERE user_id = %s) "
+           "ORDER BY t.name, g.name",
+}
+
+
+def _choices(statements: dict[bool, str], user: AnyUser) -> list[tuple[Any, str]]:
+    if not user.is_authenticated:
+        return []
+    every = is_superuser(user)
+    with connections[router.db_for_read(Goal)].cursor() as cursor:
+        cursor.execute(statements[every], [] if every else [user.pk])
+        return [(pk, label) for pk, label in cursor.fetchall()]
+
+
 def _target_choices(user: AnyUser) -> list[tuple[Any, str]]:
-    targets = visible_targets(user).order_by("name").values_list("pk", "name")
-    return [("", "any target"), *targets]
+    return [("", "any target"), *_choices(_TARGET_CHOICES, user)]
 
 
 def _goal_choices(user: AnyUser) -> list[tuple[Any, str]]:
-    goals = scoped(Goal.objects.all(), user).values_list("pk", "name", "target__name")
-    return [("", "any goal"), *((pk, f"{target}: {name}") for pk, name, target in goals)]
+    return [("", "any goal"), *_choices(_GOAL_CHOICES, user)]
 
 
 def _number_field(what: str) -> forms.IntegerField:
