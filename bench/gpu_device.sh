@@ -9,7 +9,8 @@
 #   bench/gpu_device.sh record OUT      # there: bench/fla_record.py (every knob setting, raw)
 #   bench/gpu_device.sh fleet OUT       # there: bench/fleet.py on a host with cores to spare
 #
-# GPU_TESTS=0 leaves the GPU tests out of `run`. PACK=FILE packs OUT into one archive FILE at
+# GPU_TESTS=0 leaves the GPU tests out of `run` (and, given to `prepare`, their wheels out of
+# the carry: the working tree and the carry must travel under 64 MiB together). PACK=FILE packs OUT into one archive FILE at
 # the end, whatever the outcome (the lent machine hands back at most eight files a call: name
 # OUT outside $OUT there and PACK=$OUT/run.tgz).
 set -euo pipefail
@@ -21,7 +22,11 @@ prepare() {
   # The runtime requirements less what the GPU image already has (numpy, scipy, psutil, ...)
   # and the web server's optional speed-ups; with the test runner's Django plugin and fixtures.
   grep -vE '^(#|numpy|scipy|psutil)' requirements.txt | sed 's/ *#.*//' >"$carry/requirements.txt"
-  grep -E '^(pytest-django|factory-boy)==' requirements-dev.txt >>"$carry/requirements.txt"
+  # The test runner's plugin and fixtures only for a run with the GPU tests: the working tree
+  # and the carry travel under 64 MiB together, and the tree grows.
+  if [ "${GPU_TESTS:-1}" != 0 ]; then
+    grep -E '^(pytest-django|factory-boy)==' requirements-dev.txt >>"$carry/requirements.txt"
+  fi
   python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
     $(for n in 39 34 31 28 27 24 17 5; do echo --platform manylinux_2_${n}_x86_64; done) \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
