@@ -9,8 +9,10 @@ relation asks nothing more of the database.
 
 The statement's condition, order and limit are fixed when the read is made, written in SQL
 over the table aliases: t0 is the model's table, t1, t2... the relations in the order the
-paths name them. Only forward foreign keys and one-to-ones may be followed; a nullable one is
-joined with LEFT JOIN and reads as None where the row has none, as select_related has it.
+paths name them; its values are bound, by position or by name. Only forward foreign keys and
+one-to-ones may be followed; a nullable one is joined with LEFT JOIN and reads as None where
+the row has none, as select_related has it. `only` names the fields read of the model ("")
+or of a relation (its path), as QuerySet.only does: the others are deferred.
 """
 
 from __future__ import annotations
@@ -52,17 +54,21 @@ class JoinedRead(Generic[M]):
     key), order and limit, without building the query each time."""
 
     def __init__(self, model: type[M], *paths: str, where: str = "", order_by: str = "",
-                 limit: int | None = None) -> None:
+                 limit: int | None = None, only: dict[str, tuple[str, ...]] | None = None,
+                 ) -> None:
         self.model = model
         self._nodes = [_Node(model, "t0")]
+        paths_of = {"t0": ""}
         for path in paths:
-            self._add(path)
+            paths_of[self._add(path).alias] = path
+        self._only = {alias: only[path] for alias, path in paths_of.items()
+                      if only is not None and path in only}
         self._clauses = (where or f't0."{model._meta.pk.column}" = %s') + \
             (f" ORDER BY {order_by}" if order_by else "") + \
             (f" LIMIT {int(limit)}" if limit is not None else "")
         self._plan: tuple[str, list[_Load]] | None = None
 
-    def _add(self, path: str) -> None:
+    def _add(self, path: str) -> _Node:
         node = self._nodes[0]
         for name in path.split("__"):
             relation = node.model._meta.get_field(name)
@@ -77,11 +83,24 @@ class JoinedRead(Generic[M]):
                 node.children.append(child)
                 self._nodes.append(child)  # after its parent: instances are made in this order
             node = child
+        return node
+
+    def _fields(self, node: _Node) -> list[Any]:
+        """The node's columns: every concrete field, or the primary key and those `only`
+        names, in the model's order."""
+        fields = list(node.model._meta.concrete_fields)
+        named = self._only.get(node.alias)
+        if named is None:
+            return fields
+        unknown = set(named) - {f.name for f in fields}
+        if unknown:
+            raise ValueError(f"{node.model.__name__} has no field {', '.join(sorted(unknown))}")
+        return [f for f in fields if f.primary_key or f.name in named]
 
     def _statement(self, quote: Any) -> str:
         columns, joins = [], []
         for node in self._nodes:
-            columns += [f"{node.alias}.{quote(f.column)}" for f in node.model._meta.concrete_fields]
+            columns += [f"{node.alias}.{quote(f.column)}" for f in self._fields(node)]
             if node.parent is not None and node.relation is not None:
                 remote = node.relation.target_field.column
                 joins.append(f"{'LEFT' if node.nullable else 'INNER'} JOIN "
@@ -98,7 +117,7 @@ class JoinedRead(Generic[M]):
         if self._plan is None:  # two threads may both build it: the same plan either way
             loads = []
             for node in self._nodes:
-                fields = list(node.model._meta.concrete_fields)
+                fields = self._fields(node)
                 converters = []
                 for index, model_field in enumerate(fields):
                     expression = model_field.get_col(node.model._meta.db_table)
@@ -116,13 +135,14 @@ class JoinedRead(Generic[M]):
         found = self.all(*params)
         return found[0] if found else None
 
-    def all(self, *params: Any) -> list[M]:
-        """Every row the statement selects, each with its relations."""
+    def all(self, *params: Any, **named: Any) -> list[M]:
+        """Every row the statement selects, each with its relations; the values by position
+        (%s) or by name (%(name)s)."""
         database = router.db_for_read(self.model)
         connection = connections[database]
         sql, loads = self._prepare(connection)
         with connection.cursor() as cursor:
-            cursor.execute(sql, list(params))
+            cursor.execute(sql, named or list(params))
             rows = cursor.fetchall()
         return [self._instance(row, loads, database, connection) for row in rows]
 

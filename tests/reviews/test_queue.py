@@ -328,6 +328,66 @@ def test_a_user_without_a_role_is_forbidden(client: Client) -> None:
     assert client.get("/reviews/").status_code == 403
 
 
+def orm_queue(user: User, filters: dict[str, Any]) -> list[int]:
+    """The queue as the ORM says it: the reference queue_view.queue_page's statement keeps to."""
+    from infraops.access import scoped
+    from reviews.live import reviewer_classes
+
+    changes = scoped(Change.objects.all(), user)
+    if filters["status"] != queue_view.ANY_STATUS:
+        changes = changes.filter(status=filters["status"])
+    if filters["scope"] == "mine" and (classes := reviewer_classes(user)):
+        changes = changes.for_classes(classes)
+    if filters["class"] == queue_view.NO_CLASS:
+        changes = changes.filter(risk_classes=[])
+    elif filters["class"]:
+        changes = changes.filter(risk_classes__contains=[filters["class"]])
+    for name in ("target", "goal"):
+        if filters[name] is not None:
+            changes = changes.filter(**{f"{name}_id": filters[name]})
+    if filters["age"]:
+        edge = timezone.now() - queue_view.AGES[filters["age"]][1]
+        lookup = "created_at__gte" if filters["age"].startswith("newer") else "created_at__lt"
+        changes = changes.filter(**{lookup: edge})
+    if filters["q"]:
+        changes = changes.filter(title__icontains=filters["q"])
+    if filters["after"] is not None:
+        when, pk = filters["after"]
+        changes = changes.filter(created_at__lt=when) | changes.filter(created_at=when, id__lt=pk)
+    return list(changes.order_by("-created_at", "-id").values_list("pk", flat=True)
+                [:queue_view.PAGE_SIZE])
+
+
+def test_the_queues_statement_selects_what_the_orm_does_for_every_filter_and_user(
+    mixed: dict[str, Change], classed_reviewer: User, viewer: User, example_goal: Goal
+) -> None:
+    import random
+
+    make_change(mixed["numerics"].target, "100% of 50_50 tiles", risk_classes=["concurrency"])
+    superuser = UserFactory.create(username="root-reader", is_superuser=True)
+    outsider = UserFactory.create(username="no-member")
+    oldest = Change.objects.order_by("created_at").first()
+    assert oldest is not None
+    choices: dict[str, list[Any]] = {
+        "scope": ["mine", "all"], "status": [queue_view.ANY_STATUS, *Status.values],
+        "class": ["", "none", "numerics", "production", "concurrency"],
+        "target": [None, mixed["numerics"].target_id, mixed["unclassed"].target_id, 999_999],
+        "goal": [None, example_goal.pk],
+        "age": ["", *queue_view.AGES], "q": ["", "MAX_queue", "%", "_50", "tweak", "\\"],
+        "after": [None, (timezone.now(), 2**62), (oldest.created_at, oldest.pk + 1)],
+    }
+    draw, selected = random.Random(27), 0
+    for _ in range(200):  # most filters left out in each draw, so that most draws select rows
+        filters = {name: draw.choice(values[1:]) if draw.random() < 0.3 else values[0]
+                   for name, values in choices.items()}
+        for user in (superuser, classed_reviewer, viewer, outsider):
+            page, _ = queue_view.queue_page(user, filters)
+            expected = orm_queue(user, filters)
+            assert [c.pk for c in page] == expected, (user.username, filters)
+            selected += bool(expected)
+    assert selected > 200  # of 800: the draws select rows, so the comparison can fail
+
+
 # --- full page or fragment -------------------------------------------------------------
 
 def test_the_dashboards_link_opens_the_whole_queue_page(reviewer_client: Client,
