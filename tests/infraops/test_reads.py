@@ -89,6 +89,27 @@ def test_the_condition_order_and_limit_are_the_reads(example_goal: Goal,
     assert latest.all([runs[0].target_id + 1]) == []
 
 
+def test_only_some_fields_are_read_the_rest_deferred_and_values_bound_by_name(
+        example_goal: Goal, engineer: User) -> None:
+    run = _run(example_goal, engineer, state={"big": "x" * 1000})
+    read = JoinedRead(AgentRun, "goal_version__goal", "started_by",
+                      where='t0.target_id = %(target)s AND t0.status = %(status)s',
+                      only={"": ("status", "goal_version", "started_by"),
+                            "goal_version__goal": ("name",), "started_by": ("username",)})
+    rows = read.all(target=example_goal.target_id, status=run.status)
+    assert [r.pk for r in rows] == [run.pk]
+    row = rows[0]
+    assert row.get_deferred_fields() >= {"state", "base_commit"}
+    assert row.started_by.get_deferred_fields() >= {"password", "email"}
+    with CaptureQueriesContext(connection) as queries:
+        assert (row.status, row.goal_version.goal.name, row.started_by.username) == \
+            (run.status, example_goal.name, engineer.username)
+    assert len(queries) == 0, "what `only` names is read with the row"
+    assert read.all(target=example_goal.target_id, status="no such status") == []
+    with pytest.raises(ValueError, match="no field colour"):
+        JoinedRead(AgentRun, only={"": ("colour",)}).all(run.pk)
+
+
 def test_only_forward_foreign_keys_may_be_followed() -> None:
     with pytest.raises(ValueError, match="forward foreign key"):
         JoinedRead(AgentRun, "steps")
