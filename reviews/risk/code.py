@@ -60,11 +60,15 @@ _DTYPE_LITERAL = re.compile(
     r"float64|fp64)")
 _LOGGING = re.compile(r"\b(?:log|logger|logging|warn|warnings|print|raise|\w*Error|\w*Exception)"
                       r"\b|\.(?:info|debug|warning|error|exception|critical)\(")
+# An exception handler's clause: which errors are caught, not what is computed.
+_HANDLER = re.compile(r"^\s*(?:except\b|\}?\s*catch\s*\(|try\s*:|finally\s*:)")
 _PRAGMA_UNROLL = re.compile(r"^\s*#\s*pragma\s+unroll\b|^\s*_Pragma\(\s*\"unroll")
 # The diff shows the file is kernel code: Triton or TileLang calls, autotuning, warps.
 TRITON_FILE = re.compile(r"\btl\.\w|\btriton\b|\btilelang\b|\bT\.Kernel\b|autotune|"
                           r"\bnum_warps\b|\bconstexpr\b")
-_CALL_OR_ASSIGN = re.compile(r"\w*\s*(?:\(|(?::[^=\n]*)?=(?!=))")
+# A call may name its template arguments first: `atomicLoad<int, scopeDevice>(&sem, order)`.
+_CALL_OR_ASSIGN = re.compile(r"\w*\s*(?:<[\w\s,:*]*(?:<[\w\s,:*]*>[\w\s,:*]*)*>\s*)?"
+                             r"(?:\(|(?::[^=\n]*)?=(?!=))")
 
 
 class MoveIndex:
@@ -170,7 +174,7 @@ def analyse_code(change: FileChange, lexer: Callable[[Sequence[str]], list[Lexed
     per_line: list[tuple[Changed, Hits]] = []
     for item in wanted:
         hits = found[item.order]
-        if item.context.kernel:
+        if item.context.kernel and not item.context.simd:
             hits.pop(THREADS, None)  # a kernel's "threads" are GPU lanes, not host threads
         if extra is not None:
             for signature, text in extra(item):  # a callable, not QuerySet.extra  # nosec B610
@@ -308,12 +312,15 @@ def _add_context_rules(item: Changed, hits: Hits,
         return  # a comment, a docstring, a log message's text: no behaviour changed
     if _PRAGMA_UNROLL.match(item.lexed.code) or item.context.header:
         return  # a compiler hint; a signature (its parameters' changes show in the body)
+    if _HANDLER.match(item.lexed.code):
+        return  # which errors are caught (`except:` -> `except (ImportError, ...):`)
     categories = {sig.category for sig, _ in hits.values()}
     context = item.context
     name = f"`{context.function}`" if context.function else "the function"
     if numerics and NUMERICS not in categories and CONCURRENCY not in categories:
         if context.kernel:
-            kind = "Triton kernel" if python else "GPU kernel"
+            kind = "Triton kernel" if python else "CPU (SIMD) kernel" if context.simd else (
+                "GPU kernel")
             hits[KERNEL] = (Signature(KERNEL, "", f"changes code inside the {kind} {name}: "
                                       "its arithmetic, indexing or order of operations"), "")
         elif context.reduction:
@@ -346,7 +353,8 @@ def _moved(changed: Sequence[Changed]) -> set[tuple[int, int]]:
 
 def extend_match(code: str, start: int, end: int) -> tuple[int, int]:
     """A name that is assigned or called covers its value or its arguments: `RELEASE_GIL =
-    True` changes the GIL setting when only `True` changed."""
+    True` changes the GIL setting when only `True` changed; a call with template arguments
+    (`atomicLoad<int, scopeDevice>(&sem, order) != old`) covers its arguments too."""
     if end and code[end - 1] == "(":  # the signature took the call's parenthesis
         opened = end
     else:

@@ -13,7 +13,10 @@ signature has ``tl.constexpr`` parameters, or when its visible body calls ``tl.*
 C, C++, CUDA: a function starts at a line in column 0 that opens a parameter list and ends
 at a ``}`` in column 0 (the layout clang-format and every project we read use). It is device
 code when its signature says ``__global__`` or ``__device__`` (Metal ``kernel``, OpenCL
-``__kernel``).
+``__kernel``, a project's ``*_DEVICE`` macro), or its visible body uses device-only names; a
+hunk header showing a kernel's qualifiers opens one, and lines outside any visible function
+are device code when their side uses device-only names. A host function computing with SIMD
+intrinsics is a CPU kernel (``Context.simd``).
 """
 
 from __future__ import annotations
@@ -62,8 +65,12 @@ _C_CONTROL = re.compile(r"^(?:if|for|while|switch|return|else|do|case|typedef|us
 _C_DEVICE_USE = re.compile(r"\b(?:threadIdx|blockIdx|blockDim|gridDim|warpSize|__syncthreads|"
                            r"__syncwarp|__shfl\w*|__shared__|__ldg|__activemask|__ballot_sync|"
                            r"lane_id|warp_id|get_lane_id|tid\.x)\b")
+# CPU kernels: SIMD vector types and intrinsics (x86 AVX/AVX-512/AMX, Arm NEON).
+_C_SIMD_USE = re.compile(r"\b(?:__m(?:128|256|512)\w*|_mm(?:256|512)?_\w+|_tile_\w+|"
+                         r"(?:float|int|uint)(?:8|16|32|64)x\d+_t|v\w+q_[fsu]\d+)\b")
 _C_DEVICE = re.compile(r"__global__|__device__|\bkernel\s+void\b|__kernel\b|\[\[kernel\]\]|"
-                       r"__aicore__|__launch_bounds__|\bKERNEL\b|\bDEVICE\b")
+                       r"__aicore__|__launch_bounds__|\bKERNEL\b|\bDEVICE\b|"
+                       r"\b[A-Z][A-Z0-9]+_DEVICE(?:_INLINE|_FUNC|_FORCEINLINE)?\b")
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,9 @@ class Context:
     reduction: bool = False  # inside a function named as a reduction, norm, softmax or quant
     lock: str = ""  # the `with` header of the critical section the line is in
     header: bool = False  # part of a function's signature, not of its body
+    # A CPU kernel (``kernel`` is set too): a host function computing with SIMD intrinsics
+    # (AVX-512, AMX, NEON). Its threads are host threads, not GPU lanes.
+    simd: bool = False
 
 
 @dataclass
@@ -148,6 +158,10 @@ def c_contexts(lines: Sequence[str], lexed: Sequence[Lexed], section: str,
     writes `__global__ void` on the line above the name) is device code unless its visible
     body is plainly host code (launches, streams, host asserts)."""
     current = _c_function(section, "")
+    if current is None and _C_DEVICE.search(section) and not _C_CONTROL.match(section.strip()):
+        # The header shows a kernel's qualifiers, its name on the next line out of sight:
+        # `void __global__ __launch_bounds__(WARPS * WARP_SIZE)`.
+        current = ("", True)
     above = ""  # template<...>, qualifier and return-type lines just above a signature
     owner: list[int] = []  # per line: the index of its function in `functions`, or -1
     functions: list[_CFunction] = []
@@ -176,16 +190,25 @@ def c_contexts(lines: Sequence[str], lexed: Sequence[Lexed], section: str,
         if index >= 0:
             functions[index].device_use |= bool(_C_DEVICE_USE.search(code))
             functions[index].host_use |= bool(_C_HOST_USE.search(code))
+            functions[index].simd_use |= ("_m" in code or "x4_t" in code or "x8_t" in code
+                                          or "q_" in code or "_tile" in code) and (
+                bool(_C_SIMD_USE.search(code)))
+    # Lines outside any function the hunk shows: device code when the side's visible lines use
+    # what only device code uses (threadIdx, __shared__, __syncthreads), a hunk of a kernel
+    # whose signature and hunk header are both out of sight (git shows `namespace aiter`).
+    loose = device_file or (-1 in owner and bool(_C_DEVICE_USE.search("\n".join(
+        lexed[i].code for i in range(len(lines)) if owner[i] < 0))))
     out: list[Context] = []
     for i, index in enumerate(owner):
         if index < 0:
-            out.append(Context("", device_file, False, ""))
+            out.append(Context("", loose, False, ""))
             continue
         function = functions[index]
         kernel = function.declared_device or function.device_use or device_file or (
             cuda_file and function.unseen and not function.host_use)
-        out.append(Context(function.name, kernel, _is_reduction_name(function.name), "",
-                           i in headers))
+        simd = not kernel and function.simd_use
+        out.append(Context(function.name, kernel or simd, _is_reduction_name(function.name), "",
+                           i in headers, simd))
     return out
 
 
@@ -196,6 +219,7 @@ class _CFunction:
     device_use: bool = False  # its visible body uses threadIdx, __shared__, shuffles
     host_use: bool = False  # its visible body launches kernels, uses streams, host asserts
     unseen: bool = False  # its qualifiers are out of sight: the hunk header is `name(`
+    simd_use: bool = False  # its visible body or signature computes with SIMD intrinsics
 
 
 # Attributes written like calls before a function's name: part of its qualifiers.

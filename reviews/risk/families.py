@@ -22,6 +22,15 @@ names, HTTP timeouts, a launcher's strings, presets, environment switches read t
 project's helper; and what changes nothing (a C branch that only logs, a barrier respelled,
 a kernel parameter's ``tl.constexpr``).
 
+A fifth held-out set found more: kernels out of the hunk's sight, CPU (SIMD) kernels,
+integer widths, float atomics whose operands changed, the dimension an operation works
+along, preprocessor conditions and macros judged by what they select or name, waits named
+poll or spin, synchronisation primitives and signals in a collective's memory, collectives
+under a project's name, code moved into a stream's scope or past a runtime call, environment
+switches and build conditions; and what changes nothing (a helper extracted, a message named
+then logged, an ``except`` clause, a launcher's help text, a dtype test of bookkeeping, an
+option removed with its default branch kept).
+
 Contract: ``family_findings(change, language, found, moves, changed)`` returns the extra
 findings of one file (order keys as ``analysers.analyse``), given the file's language, what
 the analysers ``found`` and which lines they saw ``changed``. Test files get only the test
@@ -38,6 +47,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import PurePosixPath
 
 from reviews.risk import files
 from reviews.risk.changes import change_runs, normal_tokens
@@ -77,9 +88,9 @@ _NUMBER = re.compile(r"(?<![\w.])(?:0[xX][0-9a-fA-F]+|\d+(?:\.\d*)?(?:[eE][-+]?\
 # Sizes, not places: a name ending in _idx, _start or _ptr is a position, and Triton code names
 # a block of data x_block (dW_block = DY_block * x_hat), not a size.
 _TILE_NAME = (r"(?:\w*(?:BLOCK|TILE|SPLIT|SPLITS|CHUNK|WARPS|STAGES|TACTICS?|CONFIGS?)\w*|"
-              r"\w*(?:block|tile|split|splits|chunk)_(?!(?:idx|id|index|ptr|offset|offsets|start|"
-              r"end|begin|stop|base|stride)\b)\w*|\w*_(?:tile|tiles|split|splits|chunk)|"
-              r"num_warps|num_stages|num_ctas|B[TKVSMNDCH]|BLOCK|BS|NV|NK|"
+              r"\w*(?:block|tile|split|splits|chunk)(?:_(?!(?:idx|id|index|ptr|offset|offsets|"
+              r"start|end|begin|stop|base|stride)\b)|size)\w*|\w*_(?:tile|tiles|split|splits|"
+              r"chunk)|num_warps|num_stages|num_ctas|B[TKVSMNDCH]|BLOCK|BS|NV|NK|"
               r"\w*(?:Block|Tile|Splits?|Warps|Stages)[A-Z]\w*)")
 _TILING = re.compile(rf"(?:^|[\s,(]){_TILE_NAME}\s*(?::\s*[\w.\[\], ]+)?=(?!=)|"
                      r"\btriton\.Config\(|\bfor\s+B[A-Z]?\s+in\s+\[")
@@ -100,7 +111,9 @@ _COMPARISON = re.compile(r"\b(?:assert_close|allclose|assert_allclose|isclose|as
                          r"allclose|check_close|assert_almost_equal)\b")
 _TOLERANCE_ARGUMENT = re.compile(r"\b(?:atol|rtol|tol|eps|decimal|prec)\s*=(?!=)")
 _EXACT = re.compile(r"\b(?:torch\.equal|array_equal|assert_array_equal|assert_equal)\s*\(")
-_ASSIGNED_NAME = re.compile(r"(?m)^\s*([A-Za-z_]\w*)\s*(?::[^=\n]*)?=(?!=)")
+# The names a line assigns, a tuple's included (`fwd_atol, fwd_rtol = 1e-2, 1e-2`).
+_ASSIGNED_NAME = re.compile(r"(?m)^\s*([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*"
+                            r"(?::[^=\n]*)?=(?!=)")
 _SEED = re.compile(r"(?i)\b(?:\w*seed\w*|random_state)\b")
 _FLOAT_ATOMIC = re.compile(r"\b(?:atomicAdd\w*|atomic_add|atomic_fetch_add|atomicAdd_system|"
                            r"index_add_?|scatter_add_?|scatter_reduce_?|index_put_)\b|"
@@ -124,8 +137,10 @@ _DTYPE = re.compile(r"\b(?:torch|tl|np|numpy|jnp|cutlass|cute)\.(?:u?int\d+|floa
                     r"bfloat16)\(\)|\.to\(\s*(?:torch|tl)\.")
 _CONFIG_DTYPE = re.compile(r"(?i)(?:^|[\s\"'{,])[\w.-]*(?:dtype|precision|quant\w*|"
                            r"compute_type|amp|fp8|fp16|bf16|kv_cache_type)[\w.-]*[\"']?\s*[:=]")
+# A statement that only logs, raises or catches: what is said, or which errors are caught.
 _LOG_OR_RAISE = re.compile(r"^\s*(?:raise\b|print\(|\w*\.?(?:log|logger|logging|warn|warning|"
-                           r"info|debug|error)\w*\(|warnings\.warn\()")
+                           r"info|debug|error)\w*\(|warnings\.warn\(|except\b|"
+                           r"\}?\s*catch\s*\()")
 _CALL = re.compile(r"([\w.]+)\s*\([^)]")
 _LOG_CALL = re.compile(r"^\s*(?:[\w.]*\.)?(?:log\w*|logger|logging|warn\w*|print|info|debug|"
                        r"warning|error|critical|exception)\s*\(|^\s*(?:logger|logging|log)\.\w+\(")
@@ -149,7 +164,7 @@ _WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
 # Names of a number format: a quantisation scale, a width in bits, an epsilon, a clamp.
 _FORMAT_WORDS = frozenset({"scale", "scales", "bits", "eps", "epsilon", "amax", "mantissa",
                            "exponent", "softcap", "clamp", "clip", "lowest", "infinity",
-                           "tol", "atol", "rtol", "tolerance"})
+                           "tol", "atol", "rtol", "tolerance", "rounding", "stochastic"})
 # Names of how long a thread waits or polls before it gives up.
 _WAIT_WORDS = frozenset({"timeout", "timeouts", "poll", "polls", "polling", "spin", "wait",
                          "waits", "deadline", "retries", "backoff", "heartbeat"})
@@ -187,8 +202,10 @@ _RISKY_PATH = re.compile(r"(?i)(?:^|/)(?:ops|kernels?|csrc|cuda|triton|layers|mo
 _SAMPLER = re.compile(r"(?i)(?:^|/|_)sampl(?:er|ers|ing)\w*\.\w+$|\bmultinomial\w*\(")
 _SAMPLED = re.compile(r"(?i)prob|random|logit|temperature|top_?[pk]|min_?p\b|accum|cdf")
 # Device code: a line that only GPU code writes.
+# A project's device qualifier macro counts: MSCCLPP_DEVICE_INLINE, CUTLASS_DEVICE, TL_DEVICE.
 _DEVICE_MARKS = (r"__global__|__device__|__shared__|threadIdx|blockIdx|__syncthreads|__ldg|"
-                 r"warpgroup_|cute::|cutlass::arch|__host__|\w*HOST_DEVICE\b|__forceinline__")
+                 r"warpgroup_|cute::|cutlass::arch|__host__|\w*HOST_DEVICE\b|__forceinline__|"
+                 r"\b[A-Z][A-Z0-9]+_DEVICE(?:_INLINE|_FUNC|_FORCEINLINE)?\b")
 _DEVICE_SUFFIXES = (".cu", ".cuh", ".hip")
 _DEVICE_MARK = re.compile(_DEVICE_MARKS)
 # Code that runs a compiler: it passes nvcc, NVRTC or hipcc their flags.
@@ -210,7 +227,7 @@ _RISKY_CODE = re.compile(r"@triton\.jit|\btl\.\w|__global__|__device__|\bdef\s+f
 # reduction (__shfl_xor_sync, __ballot_sync, __reduce_add_sync): they exchange values; nor a
 # method release() without arguments (std::unique_ptr's ptr.release() hands over ownership).
 _SYNC_WORDS = words("sync", "synchronize", "barrier", "barriers", "fence", "arrive", "wait",
-                    "commit", "acquire", "acq", "release")
+                    "commit", "acquire", "acq", "release", "poll", "spin")
 _SYNC_CALL = re.compile(rf"(?:[A-Za-z_]\w*(?:::|\.|->))*\w*(?:{_SYNC_WORDS})\w*"
                         r"(?<!_sync)(?:<[^<>()]*>)?\s*\((?!(?<=[.>]release\()\s*\))|"
                         r"\b(?![\w:]*(?:shfl|ballot|reduce|any_sync|all_sync|match|elect|"
@@ -232,7 +249,7 @@ _PYTHON_CLAMP = re.compile(r"\btl\.(?:maximum|minimum|clamp)\s*\(|\b(?:torch|np|
 # Literals one of which each match of the pattern above contains: searched first, because a
 # pattern that starts with a lookbehind or a name class is tried at every position.
 _SYNC_HINT = re.compile(r"(?i)sync|barrier|fence|arrive|wait|commit|acq|release|shfl|ballot|"
-                        r"activemask|bar\.")
+                        r"activemask|bar\.|poll|spin")
 _CLAMP_HINT = re.compile(r"max|min|clamp|clip|satur")
 _RNG_HINT = re.compile(r"mt19937|rand|Random|PRNGKey|Generator|ranlux|knuth")
 # Random engines and their seeding: std::mt19937(j), srand(0), curand_init(seed, ...).
@@ -259,9 +276,11 @@ _ARCH = re.compile(GPU_ARCH)
 # --- Fourth round (issue 27, the third held-out set) -----------------------------------------
 # Communicators and process groups split, duplicated or created: which ranks meet in a
 # collective, and who else issues work on the same communicator (tp_group->Split(0, 0)).
-_COMMUNICATOR = re.compile(r"(?:->|\.)\s*(?:Split|split|Dup|dup|Clone)\s*\((?=[^)]*\))|"
+_COMMUNICATOR = re.compile(r"(?:->|\.)\s*(?:Split|Dup|Clone)\s*\((?=[^)]*\))|"
+                           r"\b\w*(?:comm|Comm|group|Group|world|pg|nccl)\w*(?:\[[^\]]*\])?"
+                           r"\s*(?:->|\.)\s*(?:split|dup)\s*\((?!\s*[\"'])(?=[^)]*\))|"
                            r"\b(?:nccl|MPI_|mpi_)Comm_?(?:Split|Dup|split|dup|Create|create)\w*"
-                           r"\s*\(|\bnew_(?:sub)?groups?\w*\s*\(")
+                           r"\s*\(|\bnew_(?:sub)?groups?\w*\s*\(|\bsplit_group\s*\(")
 _COMMUNICATOR_HINT = re.compile(r"plit|Dup|dup|Clone|Comm|new_")
 # Names of what a host thread issues GPU work or collectives on: who owns one decides what
 # waits for what (a stream shared by every instance of a class).
@@ -310,7 +329,8 @@ _NETWORK_TIMEOUT = re.compile(r"(?i)\w*(?:http|api|client|request|read|connect|k
 _DEFAULTS_PATH = re.compile(r"(?:^|/)\w*(?:flags|presets?|defaults)\.py$")
 _ENUM_VALUE = re.compile(r"\b[A-Z]\w*\.[A-Z][A-Z0-9_]*\b")
 # An environment variable read through a project's helper (env_to_bool('LMDEPLOY_X', False)).
-_ENV_HELPER = re.compile(r"""\b\w*(?:env|Env|ENV)\w*\s*\(\s*["']([A-Z][A-Z0-9_]{2,})["']""")
+_ENV_HELPER = re.compile(r"""\b\w*(?:env|Env|ENV)\w*\s*(?:<[^<>()]*>\s*)?\(\s*["']"""
+                         r"""([A-Z][A-Z0-9_]{2,})["']""")
 # TVM's TIR (mlc-llm's kernels): T.* calls inside a prim_func are the kernel's statements.
 _TIR = re.compile(r"\bT\.(?:prim_func|thread_binding|block|axis|grid|serial|launch_thread|"
                   r"Kernel)\b")
@@ -350,6 +370,9 @@ class Families:
     # network timeout is serving, not a thread's wait; a branch that only logs, a barrier or
     # a copy respelled changes nothing of theirs (line -> the rules that give way).
     given_way: dict[Order, set[str]] = field(default_factory=dict)
+    # Lines that compute as before (a helper extracted, a dtype test of bookkeeping, a
+    # message): no family reads them and the fail-closed rule does not either.
+    quiet: set[Order] = field(default_factory=set)
 
     def supersedes(self, order: Order, finding: Finding) -> bool:
         """Whether the analysers' ``finding`` at ``order`` gives way to a family's."""
@@ -385,6 +408,10 @@ class _File:
     changed: frozenset[Order] | None  # code lines whose tokens changed (None: not known)
     sides: dict[str, str]  # each side's changed lines of the whole file, without layout
     sampler: bool = False  # its path or diff says it samples tokens (sampling.cpp, multinomial)
+    options: frozenset[str] = frozenset()  # parameters with a default the diff removes
+    # Its path says it is a collective's or a communication library's code (custom all-reduce
+    # kernels, IPC, NVSHMEM), or its diff shows atomics or fences: its flags are signals.
+    collective: bool = False
 
 
 def _file_of(change: FileChange, language: str | None, found: Sequence[Ordered],
@@ -394,9 +421,10 @@ def _file_of(change: FileChange, language: str | None, found: Sequence[Ordered],
     test = files.is_test(change.path)
     text = _diff_text(change)
     build = python and not test and _is_build_recipe(change, text)
+    device_code = code and not test and _holds_device_code(change, language, text)
     return _File(
         python=python, test=test, build=build,
-        device=code and not test and (_holds_device_code(change, language, text) or bool(
+        device=device_code or (code and not test and bool(
             (_DEVICE_PATH if language == files.NATIVE else _DSL_PATH).search(change.path))),
         # A build recipe's own arithmetic (jobs, memory per job) is how fast the wheel builds.
         risky=code and not test and not build and _holds_risky_code(change, text),
@@ -411,6 +439,9 @@ def _file_of(change: FileChange, language: str | None, found: Sequence[Ordered],
                             if f.category == NUMERICS and f.rule != FAST_MATH),
         changed=None if changed is None else frozenset(changed),
         sampler=code and not test and bool(_SAMPLER.search(change.path) or _SAMPLER.search(text)),
+        options=_removed_options(change) if python and not test else frozenset(),
+        collective=device_code and bool(
+            _COMMUNICATION_PATH.search(change.path) or _ORDERED_MEMORY.search(text)),
         # A read moved between hunks, a check relaxed in another hunk: the whole file's sides.
         sides=_file_sides(change, lex_python if python else lex_c) if build or test else (
             {ADDED: "", REMOVED: ""}))
@@ -434,15 +465,27 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
     out = families.findings
     unsure: list[Ordered] = []
     if code and not kind.test:
-        for h, i in _across_barrier(change, kind.device):
+        for h, i in _across_barrier(change, kind.device, kind.python):
             out.append(((h, i), _finding(change, change.hunks[h].lines[i], SYNC, CONCURRENCY,
-                                         "moves code across a barrier: what the other threads "
-                                         "see when they pass it")))
+                                         "moves code across a barrier, a stream's scope or a "
+                                         "runtime call: what the other threads see when they "
+                                         "pass it, or which stream and device run it")))
             if kind.device:  # the run is explained by its order, as the analysers' barriers are
                 families.explained.update(_run_of(change.hunks[h], i, h))
+            else:  # a moved line's tokens are the same: its order is what changed
+                families.explained.add((h, i))
+    lexed_hunks = [None if config else lexer([line.text for line in hunk.lines])
+                   for hunk in change.hunks]
+    hunk_lines = [list(_lines(hunk, lexer, config, lexed))
+                  for hunk, lexed in zip(change.hunks, lexed_hunks, strict=True)]
+    if kind.python and not kind.test and any(
+            line.kind == ADDED and "def " in line.code for lines in hunk_lines for line in lines):
+        extracted = _extractions(change, hunk_lines)
+        families.give_way(extracted, KERNEL, ACCUMULATION, PRECISION)
+        families.quiet |= extracted
     for h, hunk in enumerate(change.hunks):
-        lexed = None if config else lexer([line.text for line in hunk.lines])
-        lines = list(_lines(hunk, lexer, config, lexed))
+        lexed = lexed_hunks[h]
+        lines = hunk_lines[h]
         same = set() if lexed is None else equivalent_runs(hunk.lines, lexed)
         logged = _log_only(lines, kind.python) if code and not kind.test else set()
         families.explained.update((h, i) for i in logged)
@@ -452,6 +495,10 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
             out += [((h, i), _finding(change, hunk.lines[i], rule, category, reason))
                     for i, (rule, category, reason) in _fourth_round_runs(lines, h, kind,
                                                                           families)]
+        if code and not kind.test:
+            out += [((h, i), _finding(change, hunk.lines[i], rule, category, reason))
+                    for i, (rule, category, reason) in _sixth_round_runs(lines, h, hunk, kind,
+                                                                         families)]
         if code and not kind.test:
             for i, reason in _lanes_and_writers(lines):
                 families.explained.add((h, i))
@@ -470,6 +517,7 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
                     for rule, category, reason in hits]
             moved = moves is not None and moves.elsewhere(change.path, hunk.lines[i])
             if kind.risky and not hits and not moved and i not in logged and (
+                    order not in families.quiet) and (
                     kind.changed is None or order in kind.changed) and _changes_a_value(line):
                 unsure.append((order, _finding(
                     change, hunk.lines[i], UNSURE, UNCLASSIFIED,
@@ -482,6 +530,14 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
             f.rule not in families.given_way.get(order, ()))]
     kept = [(order, f) for order, f in found if not families.supersedes(order, f)]
     if not kept and not families.findings:
+        subject = _file_subject(change.path) if unsure else None
+        if subject is not None:  # the file's name says what its values decide
+            rule, category = subject
+            unsure = [(order, _finding(change, change.hunks[order[0]].lines[order[1]], rule,
+                                       category, "changes a value in code whose file says "
+                                       f"what it decides ({PurePosixPath(change.path).name}): "
+                                       "no other rule knows it"))
+                      for order, _ in unsure]
         families.findings = unsure
     return families
 
@@ -507,16 +563,20 @@ def _code_line_hits(lines: Sequence[_Line], i: int, order: Order, kind: _File,
                  "architectures or build environment: the binary production runs")] + [
             hit for hit in hits if hit[1] != CONCURRENCY]
     hits += _fourth_round_hits(line, order, kind, families)
+    hits += _sixth_round_hits(line, order, kind, families, hunk)
     if kind.sampler and seen and not hits and _SAMPLED.search(line.code) and _changes_a_value(
             line):
         hits.append((PRECISION, NUMERICS, "changes a sampler's arithmetic (its probabilities, "
                      "random point or cut-off): which token comes out, and how rounding errs"))
     if _CLAMPED in hits and any(hit[1] == CONCURRENCY for hit in hits):
         hits.remove(_CLAMPED)  # weak: a block count clamped for a grid barrier
-    if kind.build:
-        hits = [hit for hit in hits if hit[0] != THREADS]  # compiler jobs, not serving threads
+    if kind.build:  # compiler jobs, not serving threads; which kernels are built, not how
+        hits = [hit for hit in hits if hit[0] != THREADS and (  # they round
+            hit[1] != NUMERICS or hit[0] == FAST_MATH)]
     elif kind.risky and order not in kind.flagged and not hits:
         hits = _reads_environment(line)
+    elif kind.risky and line.target and not any(hit[1] == PRODUCTION for hit in hits):
+        hits += _reads_environment(line, new_only=True)  # a switch read anew from the env
     return _distinct(hits)
 
 
@@ -533,6 +593,8 @@ def _log_only(lines: Sequence[_Line], python: bool = True) -> set[int]:
     for side in (ADDED, REMOVED):
         indices = [i for i, line in enumerate(lines) if line.kind in (CONTEXT, side)]
         logging = _log_lines(lines, indices, call)
+        if python:  # a message named first, then logged: `warning = """..."""; log(warning)`
+            logging |= _messages(lines, indices, logging)
         for position, i in enumerate(indices):
             header = branch.match(lines[i].code)
             if header is None:
@@ -547,6 +609,24 @@ def _log_only(lines: Sequence[_Line], python: bool = True) -> set[int]:
             if block and all(k in logging for k in block):
                 logging.add(i)
         out |= {i for i in logging if lines[i].kind == side}
+    return out
+
+
+_MESSAGE = re.compile(r"^\s*([A-Za-z_]\w*)\s*=\s*[rfbuRFBU]*[\"']")
+
+
+def _messages(lines: Sequence[_Line], indices: Sequence[int], logging: set[int]) -> set[int]:
+    """The lines of one side that assign a string to a name which the side only logs (a
+    warning's text named, then passed to ``logger.warning``): text, not code."""
+    out: set[int] = set()
+    for i in indices:
+        named = _MESSAGE.match(lines[i].raw)
+        if named is None or lines[i].kind == CONTEXT or _untouched(lines[i].code, lines[i]):
+            continue
+        uses = [k for k in indices if k != i and named.group(1) in lines[k].code and (
+            named.group(1) in _NAME.findall(lines[k].code))]
+        if uses and all(k in logging for k in uses):
+            out.add(i)
     return out
 
 
@@ -674,7 +754,8 @@ def _lines(hunk: Hunk, lexer: Callable[[Sequence[str]], list[Lexed]],
                     _assigned(code), "" if opener else opened)
 
 
-def _across_barrier(change: FileChange, device: bool = False) -> list[Order]:
+def _across_barrier(change: FileChange, device: bool = False,
+                    python: bool = False) -> list[Order]:
     """The changed lines whose order against a barrier changed: a statement moved from one
     side of a barrier to the other (within a hunk or from one hunk to another), or a barrier
     moved past statements. The barrier may be an unchanged line, a moved one, or one the
@@ -686,8 +767,9 @@ def _across_barrier(change: FileChange, device: bool = False) -> list[Order]:
              for i, line in enumerate(hunk.lines)]
     norm = {order: " ".join(line.text.split()) for order, line in lines}
     sides: dict[str, dict[str, list[Order]]] = {REMOVED: {}, ADDED: {}}
+    comment = ("#",) if python else ("//", "/*", "* ")
     for order, line in lines:
-        if line.kind != CONTEXT and norm[order]:
+        if line.kind != CONTEXT and norm[order] and not norm[order].startswith(comment):
             sides[line.kind].setdefault(norm[order], []).append(order)
     # Each line on both sides, as (its place in the old side, its place in the new side): the
     # k-th removed copy of a text pairs with its k-th added copy.
@@ -700,7 +782,7 @@ def _across_barrier(change: FileChange, device: bool = False) -> list[Order]:
     kinds = dict(lines)
     out: set[Order] = set()
     for order, line in lines:
-        if not _is_barrier(line.text, device):
+        if not _is_barrier(line.text, device, python):
             continue
         # The barrier's place on each side: its own line there, else where the diff shows it.
         old = partner.get(order, order) if line.kind == ADDED else order
@@ -711,10 +793,31 @@ def _across_barrier(change: FileChange, device: bool = False) -> list[Order]:
     return sorted(out)
 
 
-def _is_barrier(text: str, device: bool) -> bool:
+def _is_barrier(text: str, device: bool, python: bool = False) -> bool:
+    """A barrier, fence or wait (in kernel code, a call named as one); in Python, a stream's
+    scope or a wait between streams or ranks (the lines after ``with torch.cuda.stream(s):``
+    run on another stream); in host C and C++, a CUDA or HIP runtime call, which works on the
+    calling thread's current device, stream and capture mode (a thread's set-up moved after
+    one changes what it does)."""
+    if python:
+        code = text.split("#", 1)[0]
+        return ("stream" in code or "Stream" in code or "wait" in code or "synchronize" in code
+                or "barrier" in code or "record" in code) and bool(_PY_ORDERING.search(code))
     code = text.split("//", 1)[0]
+    if not device and ("cu" in code or "hip" in code) and _RUNTIME_CALL.search(code):
+        return True
     return bool(_SYNC_HINT.search(code)) and bool(
         _WARP_SYNC.search(code) or (device and _SYNC_CALL.search(code)))
+
+
+# Where Python code's order against streams and ranks is decided.
+_PY_ORDERING = re.compile(r"^\s*(?:async\s+)?with\s+[\w.]*\b(?:stream|Stream|use_stream)\s*\(|"
+                          r"\.(?:wait_event|wait_stream|synchronize|record_event)\s*\(|"
+                          r"\b(?:dist|torch\.distributed)\.barrier\s*\(")
+# A CUDA or HIP runtime or driver call on the host (cudaSetDevice, cudaStreamCreate,
+# cuCtxSetCurrent); not a query (cudaGetLastError, cudaDeviceGetAttribute).
+_RUNTIME_CALL = re.compile(r"\b(?:cuda|hip|cu)(?!Get|Peek|DeviceGet|FuncGet|Occupancy)[A-Z]\w*"
+                           r"\s*\(")
 
 
 def _shape(code: str) -> str:
@@ -755,7 +858,8 @@ _Hit = tuple[str, str, str]
 def _code_hits(line: _Line, unseen_kernel: bool = False) -> list[_Hit]:
     code, text = line.code, line.text
     hits: list[_Hit] = []
-    tiling = (_TILING.search(code) or line.table) and not _untouched(code, line)
+    tiling = (_TILING.search(code) or line.table) and not _untouched(code, line) and (
+        line.table or _sizes_assigned_anew(line))
     renamed = line.kin is not None and not _numbers_differ(line)
     if renamed:
         tiling = False  # a rename
@@ -802,6 +906,47 @@ def _code_hits(line: _Line, unseen_kernel: bool = False) -> list[_Hit]:
     return _distinct(hits)
 
 
+_TILE_ASSIGNMENT = re.compile(rf"(?:^|[\s,(])({_TILE_NAME})\s*(?::\s*[\w.\[\], ]+)?=(?!=)")
+_POOL_MAP = re.compile(r"\.(?:i?map\w*|starmap\w*)\s*\(")
+_NOT_A_SIZE = re.compile(r"^(?:True|False|None|true|false|nullptr|[\"'].*)$")
+
+
+def _sizes_assigned_anew(line: _Line) -> bool:
+    """Whether the line gives a tile, block or split name a size the other side does not
+    (a re-wrapped signature keeps each parameter's default: `split_batches: bool = False` on
+    both sides), or is a tuning table's config; a boolean, None or a string is a switch, not
+    a size."""
+    assignments = [(m.group(1), _value_end_text(line.code, m.end()))
+                   for m in _TILE_ASSIGNMENT.finditer(line.code)]
+    if not assignments:
+        return True  # triton.Config(, a loop over block sizes: judged as before
+    other = _squash(line.other)
+    for name, value in assignments:
+        if _NOT_A_SIZE.match(value) or (name == "chunksize" and _POOL_MAP.search(line.code)):
+            continue  # a switch; how many items a process pool hands a worker at once
+        if not value or not _assigns(other, name, value):
+            return True
+    return False
+
+
+_ANNOTATED_EQUALS = re.compile(r"(?::[^=,]*)?=(?!=)")
+
+
+def _assigns(text: str, name: str, value: str) -> bool:
+    """Whether ``text`` (without layout) assigns ``value`` to ``name``, a type hint aside."""
+    at = text.find(name)
+    while at >= 0:
+        before = text[at - 1:at]
+        equals = _ANNOTATED_EQUALS.match(text, at + len(name))
+        if equals and not (before.isalnum() or before == "_") and text.startswith(
+                value, equals.end()):
+            after = text[equals.end() + len(value):equals.end() + len(value) + 1]
+            if not (after.isalnum() or after in ("_", ".")):
+                return True
+        at = text.find(name, at + 1)
+    return False
+
+
 _CLAMPED = (PRECISION, NUMERICS, "adds or removes a clamp (max(0, ...), min, clamp): which "
             "element is read or written, or the range a value is held in")
 
@@ -841,15 +986,16 @@ def _gpu_hits(line: _Line, lines: Sequence[_Line], i: int, kind: _File) -> list[
     if _RNG_HINT.search(line.code) and _new_call(_RNG, line):
         hits.append((PRECISION, NUMERICS, "changes a random engine or its seed: the numbers "
                      "drawn"))
-    if (kind.risky or kind.device) and _guards_precision(lines, i, kind.python):
+    if (kind.risky or kind.device) and _guards_precision(lines, i, kind.python, kind.options):
         hits.append((PRECISION, NUMERICS, "changes when a precision, cast or quantisation step "
                      "runs (the condition over it): which values are converted"))
     name = line.target
     if name and set(_words_of(name)) & _KERNEL_CHOICE and _assigned_anew(
-            name, line, _SWITCH_VALUE):
+            name, line, _SWITCH_VALUE, _ENV_VALUE):
         hits.append((PRECISION, NUMERICS, f"switches which kernel computes ({name}): another "
                      "kernel rounds and accumulates differently"))
-    if kind.launcher and name and _assigned_anew(name, line, _LITERAL):
+    if kind.launcher and name and name not in _TEXT_KEYWORDS and _assigned_anew(
+            name, line, _LITERAL):
         hits.append((SERVING, PRODUCTION, f"changes a default the server or launcher starts "
                      f"with ({name})"))
     return hits
@@ -876,11 +1022,17 @@ def _compiler_hits(line: _Line, precision: bool) -> list[_Hit]:
     return hits
 
 
-def _reads_environment(line: _Line) -> list[_Hit]:
+def _reads_environment(line: _Line, new_only: bool = False) -> list[_Hit]:
     """A changed line that reads an environment variable (a new read, or its default or test
     changed) and that no other rule explains, in code that runs kernels or serves: a switch
-    production sets when it deploys."""
-    if not _ENV_READ.search(line.code) or _untouched_raw(line.raw, line):
+    production sets when it deploys. ``new_only``: only a read the other side lacks (a new
+    variable, or its default changed), whatever else the line changes."""
+    reads = [m for m in _ENV_READ.finditer(line.code)] + [
+        m for m in _ENV_MEMBER.finditer(line.raw)]
+    if not reads or _untouched_raw(line.raw, line):
+        return []
+    if new_only and all(_untouched_raw(_call_text(line.raw, m.start()), line)
+                        or not _is_switch_value(line.code, m.start()) for m in reads):
         return []
     hits: list[_Hit] = [(SERVING, PRODUCTION, "reads an environment variable: a switch "
                          "production sets when it deploys")]
@@ -890,11 +1042,33 @@ def _reads_environment(line: _Line) -> list[_Hit]:
     return hits
 
 
+def _is_switch_value(code: str, start: int) -> bool:
+    """Whether the read at ``start`` is the value an assignment gives its name (``flag =
+    int(os.getenv("X", "0")) == 1``), not an argument of another call (``mp.get_context(
+    os.getenv("MP_METHOD", "fork"))``, which the call's own rule reads)."""
+    depth = 0
+    for i in range(start - 1, -1, -1):
+        ch = code[i]
+        if ch == ")":
+            depth += 1
+        elif ch == "(":
+            if depth:
+                depth -= 1
+                continue
+            name = re.search(r"[\w.]*$", code[:i])
+            if name is None or name.group() not in ("", "int", "bool", "float", "str", "not"):
+                return False
+        elif ch == "=" and depth == 0 and code[i - 1:i] not in ("=", "!", "<", ">") and (
+                code[i + 1:i + 2] != "="):
+            return True
+    return False
+
+
 def _untouched_reads(line: _Line, elsewhere: str) -> bool:
     """Whether a build recipe's line changed only where it is laid out or where it reads an
     environment variable the other side of the file read too (``elsewhere``: a read moved
-    from a function to the module)."""
-    if _untouched(line.code, line):
+    from a function to the module). A read's default is in a string: it is read with it."""
+    if _untouched(line.code, line) and _untouched_raw(line.raw, line):
         return True
     reads = [_call_text(line.raw, m.start()) for m in _ENV_READ.finditer(line.raw)]
     if not reads or any(_squash(read) not in elsewhere for read in reads):
@@ -944,23 +1118,47 @@ def _untouched_raw(text: str, line: _Line) -> bool:
     return " ".join(text.split()) in line.raw_other or _squash(text) in line.raw_other
 
 
-def _assigned_anew(name: str, line: _Line, values: re.Pattern[str]) -> bool:
-    """Whether the other side assigns ``name`` too, with other ``values`` (literals)."""
+def _assigned_anew(name: str, line: _Line, values: re.Pattern[str],
+                   ignored: re.Pattern[str] | None = None) -> bool:
+    """Whether the other side assigns ``name`` too, with other ``values`` (literals);
+    ``ignored``: what is not a value (an environment read: the switch is made settable, its
+    default is read with it)."""
     there = re.search(rf"(?m)^.*\b{re.escape(name)}\b\s*(?::[^=\n]*)?=(?!=)(.*)$",
                       line.raw_other)
     here = line.raw[line.raw.find(name) + len(name):]
-    return there is not None and values.findall(there.group(1)) != values.findall(here) and (
-        bool(values.search(here)))
+    if there is None:
+        return False
+    other = there.group(1)
+    if ignored is not None and (ignored.search(here) or ignored.search(other)):
+        here, other = ignored.sub(" ", here), ignored.sub(" ", other)
+        if not values.search(other):
+            return False  # its value became (or was) the environment's, with a default
+    return values.findall(other) != values.findall(here) and bool(values.search(here))
+
+
+# An environment read with its name and default: what makes a switch settable, not its value.
+_ENV_VALUE = re.compile(r"""(?:(?:\bos\.environ\.get|\bos\.getenv|\bgetenv|"""
+                        r"""\b\w*(?:env|Env|ENV)\w*)\s*\([^()]*\)|["'][A-Z][A-Z0-9_]{2,}["']\s+(?:not\s+)?in\s+os\.environ)"""
+                        r"""(?:\s*\)?\s*(?:==|!=|in)\s*(?:["'][^"']*["']|\d+|True|False|"""
+                        r"""\([^()]*\)))?""")
 
 
 def _words_of(name: str) -> list[str]:
     return [word.lower() for word in _WORDS.findall(name)]
 
 
-def _guards_precision(lines: Sequence[_Line], i: int, python: bool) -> bool:
+_CONDITION_WORDS = frozenset({"if", "elif", "else", "while", "not", "and", "or", "is", "in",
+                              "None", "True", "False"})
+
+
+def _guards_precision(lines: Sequence[_Line], i: int, python: bool,
+                      options: frozenset[str] = frozenset()) -> bool:
     """Whether line ``i`` changes a condition (its logic or values, not its names: ``or`` ->
     ``and``) whose text or body (the next lines of its side) converts a precision, casts or
-    quantises. The line is the ``if`` or one its brackets run over."""
+    quantises. The line is the ``if`` or one its brackets run over. A condition over an
+    option the diff removes (``options``: ``if not use_sdpa:`` where ``use_sdpa=False`` goes)
+    that its default made true is not one: its branch is what callers that never passed the
+    option ran, and those that did now fail."""
     line = lines[i]
     if _untouched(line.code, line) or not _logic_differs(line):
         return False
@@ -972,7 +1170,12 @@ def _guards_precision(lines: Sequence[_Line], i: int, python: bool) -> bool:
             lines[k].code.count("(") - lines[k].code.count(")")
             for k in side[side.index(header):at]) <= 0):
         return False  # not in the condition's brackets: another statement
-    block = [lines[k].code for k in side[side.index(header):at + 5] if lines[k].code.strip()]
+    if options and _default_branch(lines[header].code, options):
+        return False  # an option the diff removes, its default branch kept (see above)
+    # A buffer allocated in a dtype names its elements' type: no value is converted.
+    block = [lines[k].code for k in side[side.index(header):at + 5] if lines[k].code.strip()
+             and (k == header or "32" not in lines[k].code or not _ALLOCATION.search(
+                 lines[k].code))]
     signatures = _PYTHON_SET if python else _NATIVE_SET
     return any(signature.rule == PRECISION and not signature.weak
                for text in block for signature, *_ in signatures.matches(text))
@@ -1150,7 +1353,7 @@ def _rewrites_tolerance(line: _Line) -> bool:
     if line.twin is not None or line.kin is not None:
         return _loosened(line)
     return any(set(_words_of(other)) & _TOLERANCE_WORDS
-               for other in _ASSIGNED_NAME.findall(line.other))
+               for names in _ASSIGNED_NAME.findall(line.other) for other in names.split(","))
 
 
 def _value(text: str) -> float:
@@ -1276,7 +1479,7 @@ def _fourth_round_hits(line: _Line, order: Order, kind: _File,
     if kind.defaults and name and _assigned_anew(name, line, _DEFAULT_VALUE):
         hits.append((SERVING, PRODUCTION, f"changes a preset the service is built or started "
                      f"with ({name})"))
-    helper = _ENV_HELPER.search(line.raw)
+    helper = _ENV_HELPER.search(line.raw) if "nv" in line.raw or "NV" in line.raw else None
     if helper and not kind.build and helper.group(1) not in line.raw_other:
         hits.append((SERVING, PRODUCTION, f"reads {helper.group(1)}: a switch production sets "
                      "when it deploys"))
@@ -1498,3 +1701,567 @@ def _kept_results(lines: Sequence[_Line]) -> list[tuple[int, bool]]:
                 if text == inlined:
                     out += [(j, False), (k, False), (i, True)]
     return out
+
+
+# --- Sixth round (issue 27, the fifth held-out set) ------------------------------------------
+# An integer width or cast in kernel code: where an index, offset or counter overflows or
+# wraps (`(size_t)idx.b * depth()`, `static_cast<int64_t>(`, CuTe's `Int64(m) * Int64(4)`,
+# `(counter >> Uint64(32)).to(Uint32)`). Not `sizeof(int)`.
+_INT_TYPE = (r"(?:const\s+)?(?:unsigned\s+)?(?:u?int(?:8|16|32|64)_t|size_t|ssize_t|ptrdiff_t|"
+             r"index_t|long\s+long|long|int64|uint64|int)")
+_INT_WIDTH = re.compile(rf"\((?<!sizeof\()(?<!sizeof \()\s*{_INT_TYPE}\s*\)(?=\s*[\w(])|"
+                        rf"\bstatic_cast<\s*{_INT_TYPE}\s*>|"
+                        r"\b(?:Int|Uint|UInt)(?:8|16|32|64)\s*\(|"
+                        r"\.to\(\s*(?:cutlass\.)?(?:Int|Uint|UInt)(?:8|16|32|64)\s*\)")
+# A flag, signal or semaphore in memory that blocks or GPUs poll: which of them waits for which
+# (`d_flag_color[blockIdx.x] = flag_color`, `uint32_t* d_flag_color`, `*sem_ptr`).
+_FLAG_WORDS = frozenset({"flag", "flags", "signal", "signals", "sem", "sems", "semaphore",
+                         "semaphores", "doorbell"})
+_IN_MEMORY = re.compile(r"\*\s*([A-Za-z_]\w*)|\b([A-Za-z_]\w*)\s*(?:\[|->)")
+_COMMUNICATION_PATH = re.compile(r"(?i)all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|"
+                                 r"collective|comm|nccl|rccl|nvshmem|mscclpp|ipc|p2p|custom_ar|"
+                                 r"symm|multimem|barrier|sync")
+_ORDERED_MEMORY = re.compile(r"\batomic\w*|__threadfence|\bvolatile\b|\bld\.acquire|"
+                             r"\bst\.release|memory_order")
+# A collective called by its name, in a project's spelling (`tp_gather(ctx, x, buf)`,
+# `custom_all_reduce(...)`, ThunderKittens' `multimem<bf16_2>::ld_reduce<OP>(...)`): what it
+# sends or receives, into which buffer, which ranks meet.
+_COLLECTIVE_CALL = re.compile(
+    r"\b(?:(?:tp|dp|pp|ep|cp|sp|mp)_\w*(?:gather|reduce|broadcast|scatter|all_?to_?all|send|"
+    r"recv)\w*|(?![\w]*(?:warp|Warp|WARP|block|Block|BLOCK|cta|wave|lane|simd|subgroup))"
+    r"\w*(?:all_?gather|all_?reduce|reduce_?scatter|all_?to_?all|AllGather|AllReduce|"
+    r"ReduceScatter)\w*)\s*(?:<[^<>()]*>)?\s*\(|\bmultimem\s*<[^<>()]*>\s*::\s*\w+")
+# The dimension a tensor operation works along: `torch.roll(k, shifts=-n, dims=3)` -> `dims=2`,
+# `.transpose(1, 2)` -> `.transpose(2, 3)`: which elements it moves or combines.
+_DIM_KEYWORD = re.compile(r"(?<![\w.])(?:dim|dims|axis|axes|shifts|start_dim|end_dim)\s*=(?!=)")
+_LAYOUT_CALL = re.compile(r"\.(?:transpose|permute|movedim|moveaxis|swapaxes|swapdims|flip|roll|"
+                          r"unsqueeze|squeeze|flatten|unflatten)\s*\(")
+# Environment reads through a project's helper, template arguments included
+# (`readEnv<int>("MSCCLPP_IB_GID_INDEX", 0)`), and membership (`'X' in os.environ`).
+_ENV_MEMBER = re.compile(r"""["'][A-Z][A-Z0-9_]{2,}["']\s+(?:not\s+)?in\s+os\.environ\b""")
+# Text a launcher's argument carries: help, usage, a description; not a default.
+_TEXT_KEYWORDS = frozenset({"help", "description", "epilog", "usage", "metavar", "title",
+                            "doc", "msg", "message", "prog"})
+# A branch that only answers a question (a size in bytes, whether a type is supported):
+# `return 1`, `return True`, `raise ...` (not `continue`: which items a loop converts).
+_CONSTANT_BODY = re.compile(r"^\s*(?:return\s+(?:[-+]?[\d.]+(?:\s*/\s*[\d.]+)?|True|False|None)"
+                            r"\s*$|raise\b)")
+_DTYPE_TEST = re.compile(r"\bdtype\b|\b(?:torch|np|numpy|tl)\.\w*(?:float|int|bf16|fp8|half)\w*")
+# A typed constant in a kernel DSL (`Float32(1.0)`, `Int32(0)`): a literal, not a cast.
+_TYPED_CONSTANT = re.compile(r"\b(?:[BT]?[Ff]loat|[Uu]?[Ii]nt|UInt|Half|BFloat)\d*\(\s*[-+]?\d+"
+                             r"(?:\.\d*)?(?:[eE][-+]?\d+)?\s*\)")
+# A scratch buffer allocated in FP32 names its elements' type; it rounds nothing (one in a
+# reduced precision does: it is read as before).
+_ALLOCATION = re.compile(r"\b(?:alloc\w*|allocate\w*|empty\w*|zeros\w*|ones\w*|full\w*|"
+                         r"make_\w*tensor\w*|make_fragment\w*|make_rmem\w*|new_\w+)\s*\("
+                         r"(?=.*\b(?:[Ff]loat32|fp32|f32)\b)(?!.*\b(?:[Bb]?[Ff]loat16|fp16|bf16|"
+                         r"f16|[Hh]alf|fp8|\w*[Ff]loat8\w*|int8|int4)\b)")
+# A preprocessor condition and the directives that close or switch its block.
+_DIRECTIVE_IF = re.compile(r"^\s*#\s*(?:if|ifdef|ifndef|elif)\b")
+_DIRECTIVE_OPEN = re.compile(r"^\s*#\s*if")
+_DIRECTIVE_END = re.compile(r"^\s*#\s*endif\b")
+# How wide a warp or wavefront is: what a shuffle's lanes and a warp's barrier assume.
+_WARP_WIDTH = re.compile(r"(?i)warp_?size|wave_?size|wavefront|warp_?width|\bWARP_THREADS\b")
+_DEFINED_MACRO = re.compile(r"^\s*#\s*define\s+(\w+)")
+# A struct or class named as a synchronisation primitive (DeviceSyncer, DeviceSemaphore,
+# GridBarrier): its code is how threads and blocks wait for each other.
+_SYNC_PRIMITIVE_WORDS = frozenset({"sync", "syncer", "syncers", "barrier", "barriers",
+                                   "semaphore", "semaphores", "mutex", "spinlock", "fence",
+                                   "fences"})
+_SECTION_NAME = re.compile(r"^\s*(?:template\s*<.*>\s*)?(?:typedef\s+)?(?:struct|class|union)\s+"
+                           r"(?:\w+\s+)*?(\w+)\s*(?:[:{]|$)")
+# A file whose name says what its code decides: synchronisation (thread_storage_sync.cc, a
+# pass that places barriers) or a number format (a quantiser, a norm). Where nothing else is
+# found, its changed values are that class, not unclassified.
+_SYNC_FILE_WORDS = frozenset({"sync", "barrier", "barriers", "fence", "fences", "atomic",
+                              "atomics", "semaphore", "mutex", "lock", "locks"})
+_NUMERIC_FILE_WORDS = frozenset({"quant", "quantize", "quantizer", "quantization", "dequant",
+                                 "dequantize", "norm", "layernorm", "rmsnorm", "softmax",
+                                 "rounding", "precision"})
+# A build recipe's condition: which extensions it builds, for which platform or toolkit.
+_BUILD_CONDITION = re.compile(r"^\s*(?:el)?if\b")
+# Arguments that order an atomic rather than say what it adds.
+_ORDERING_ARGUMENT = re.compile(r",?\s*(?:memory_order|sem|scope|order)\s*=\s*[^,)]+|"
+                                r",?\s*(?:std::)?memory_order\w*|,?\s*memoryOrder\w+|"
+                                r",?\s*__ATOMIC_\w+")
+
+
+def _sixth_round_hits(line: _Line, order: Order, kind: _File,
+                      families: Families, hunk: Hunk) -> list[_Hit]:
+    """The sixth round's families on one changed line of code (see docs/risk.md): integer
+    widths in kernel code, flags and signals in device memory, collectives called by a
+    project's name, the dimension an operation works along, a build recipe's conditions."""
+    code = line.code
+    low = code.lower()
+    seen = kind.changed is None or order in kind.changed
+    # Substring tests first: most lines hold none of these families' words.
+    widths = (kind.device or kind.risky) and any(word in low for word in _WIDTH_WORDS)
+    flags = kind.device and kind.collective and ("flag" in low or "sem" in low or "signal" in low
+                                                 or "doorbell" in low)
+    collective = seen and any(word in low for word in _COLLECTIVE_WORDS)
+    layout = kind.python and kind.risky and seen and any(word in low for word in _DIM_WORDS)
+    build = kind.build and _BUILD_CONDITION.match(code)
+    if not (widths or flags or collective or layout or build) or not code.strip() or (
+            _untouched(code, line) or _LOG_OR_RAISE.match(code)):
+        return []
+    hits: list[_Hit] = []
+    if widths and _new(_INT_WIDTH, line):
+        hits.append((PRECISION, NUMERICS, "changes an integer width or cast in code that runs "
+                     "kernels: where an index, offset or counter overflows or wraps"))
+    if flags and any(set(_words_of(name)) & _FLAG_WORDS
+                     for match in _IN_MEMORY.finditer(code) for name in match.groups() if name):
+        families.explained.update(_run_of(hunk, order[1], order[0]))
+        hits.append((SYNC, CONCURRENCY, "changes a flag, signal or semaphore in memory that "
+                     "threads, blocks or GPUs poll: which of them waits for which"))
+    if collective and _new_call(_COLLECTIVE_CALL, line):
+        hits.append((SYNC, CONCURRENCY, "changes a collective's call (its buffers or "
+                     "arguments): what every rank sends and receives, and where"))
+    if layout and ((_DIM_KEYWORD.search(code) and _keywords_differ(line, _DIM_KEYWORD))
+                   or _new_call(_LAYOUT_CALL, line)):
+        hits.append((PRECISION, NUMERICS, "changes the dimension an operation works along (a "
+                     "dim, an axis, a transpose): which elements it moves or combines"))
+    if build and _logic_differs(line):
+        hits.append((DEPLOY, PRODUCTION, "changes a build recipe's condition: which extensions "
+                     "are built, for which platform or toolkit"))
+    return hits
+
+
+_WIDTH_WORDS = ("size_t", "int64", "int32", "int16", "int8", "uint", "(int", "static_cast",
+                "long", "index_t", "unsigned", "ptrdiff")
+_COLLECTIVE_WORDS = ("gather", "reduce", "broadcast", "scatter", "toall", "to_all", "send",
+                     "recv", "multimem")
+_DIM_WORDS = ("dim", "axis", "axes", "shift", "transpose", "permute", "move", "swap", "flip",
+              "roll", "squeeze", "flatten")
+
+
+def _keywords_differ(line: _Line, keyword: re.Pattern[str]) -> bool:
+    """Whether the line gives a keyword argument of ``keyword`` a value the other side does
+    not give it (``dims=3`` -> ``dims=2``); a new keyword counts."""
+    here = {m.group(): _value_end_text(line.raw, m.end()) for m in keyword.finditer(line.raw)}
+    there = {m.group(): _value_end_text(line.raw_other, m.end())
+             for m in keyword.finditer(line.raw_other)}
+    return any(there.get(name) != value for name, value in here.items())
+
+
+def _value_end_text(text: str, start: int) -> str:
+    """The value of a keyword argument starting at ``start``, without layout."""
+    depth, i = 0, start
+    while i < len(text):
+        ch = text[i]
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        elif (ch == "," and depth == 0) or ch == "\n":
+            break
+        i += 1
+    return "".join(text[start:i].split())
+
+
+def _sixth_round_runs(lines: Sequence[_Line], h: int, hunk: Hunk, kind: _File,
+                      families: Families) -> Iterator[tuple[int, _Hit]]:
+    """The sixth round's families over a hunk's lines (see docs/risk.md): a float atomic whose
+    operands changed, a preprocessor condition judged by the code it selects, a macro's body
+    judged by its name, code inside a synchronisation primitive; and what changes nothing of
+    the analysers' rules: a dtype test of bookkeeping, a typed constant."""
+    text = "\n".join(line.code for line in lines)
+    if ("atomic" in text or "index_add" in text or "scatter_add" in text) and (
+            _FLOAT_ATOMIC.search(text)):
+        for i, line in enumerate(lines):
+            if line.kind != CONTEXT and _FLOAT_ATOMIC.search(line.code) and (
+                    kind.changed is None or (h, i) in kind.changed) and not _new(
+                    _FLOAT_ATOMIC, line) and _operands_changed(lines, i):
+                yield i, (PRECISION, NUMERICS, "changes what an atomic accumulation adds, or "
+                          "where (its operands): the grouping and order of a float sum")
+    if not kind.python and "#" in text:
+        yield from _directive_hits(lines, h, families)
+    if kind.device and not kind.python and _SYNC_PRIMITIVE_WORDS & set(
+            _words_of(_section_name(hunk.section))):
+        name = _section_name(hunk.section)
+        for i, line in enumerate(lines):
+            if line.kind != CONTEXT and line.code.strip() and not _untouched(line.code, line):
+                families.explained.add((h, i))
+                yield i, (SYNC, CONCURRENCY, f"changes code inside {name}, a synchronisation "
+                          "primitive: how threads and blocks wait for each other")
+    if kind.python and "dtype" in text:
+        for i in _dtype_tests(lines):
+            families.give_way([(h, i)], PRECISION, ACCUMULATION)
+            families.quiet.add((h, i))
+    if kind.python and "(" in text and _TYPED_CONSTANT.search(text):
+        for i, line in enumerate(lines):
+            if line.kind != CONTEXT and _TYPED_CONSTANT.search(line.code) and not (
+                    _DTYPE_NAME.search(_TYPED_CONSTANT.sub("", line.code))):
+                families.give_way([(h, i)], PRECISION)
+    if kind.options:
+        families.quiet.update((h, i) for i in _options_dropped(lines, _mention(kind.options)))
+
+
+# What names a type once typed constants are set aside: a dtype word, a type's constructor.
+_DTYPE_NAME = re.compile(r"(?i)float|int\d|half|bf16|fp\d|f\d\d|double|dtype|\.to\(")
+
+
+def _operands_changed(lines: Sequence[_Line], i: int) -> bool:
+    """Whether the atomic call starting on line ``i`` (with the lines its brackets run over)
+    is missing from the other side, its memory-ordering arguments aside: the same atomic now
+    adds another operand, at another place, or a tile where it added an element."""
+    line = lines[i]
+    call = _ORDERING_ARGUMENT.sub("", _squash(_call_of(lines, i)))
+    if _INTEGER_INCREMENT.search(call):
+        return False  # an integer counter: concurrency only
+    other = _ORDERING_ARGUMENT.sub("", line.raw_other)
+    return call not in other
+
+
+def _directive_hits(lines: Sequence[_Line], h: int,
+                    families: Families) -> Iterator[tuple[int, _Hit]]:
+    """A preprocessor condition changed (``#if defined(__GFX9__)`` -> ``#if IS_CDNA``,
+    ``#if __CUDA_ARCH__ >= 700`` added over a release store) is judged by the code it selects,
+    up to its ``#endif``: a barrier, an atomic or the warp's width there makes it concurrency,
+    a precision or accumulation path numerics. And a macro's body continued on a line of its
+    own (``#define ARCH_HAS_STOCHASTIC_ROUNDING \\`` then the architectures) is judged by the
+    macro's name, as an assignment is by its target's."""
+    for i, line in enumerate(lines):
+        if line.kind == CONTEXT or not (line.code.lstrip().startswith("#") or any(
+                lines[k].text.rstrip().endswith("\\") for k in (i - 1, i - 2) if k >= 0)) or (
+                _untouched(line.code, line)):
+            continue
+        if _DIRECTIVE_IF.match(line.code):
+            block = _selected(lines, i)
+            concurrency, numerics = _what_code_is(block)
+            if concurrency or numerics:
+                families.explained.add((h, i))
+            if concurrency:
+                yield i, (SYNC, CONCURRENCY, "changes which code a preprocessor condition "
+                          "selects, where it holds a barrier, an atomic or the warp's width")
+            if numerics:
+                yield i, (PRECISION, NUMERICS, "changes which code a preprocessor condition "
+                          "selects, where it holds a precision or accumulation path")
+            continue
+        macro = _continued_macro(lines, i)
+        if macro:
+            names = set(_words_of(macro))
+            if names & (_FORMAT_WORDS | {"precision", "accum", "fp16", "bf16", "fp8", "fp32",
+                                         "tf32"}):
+                yield i, (PRECISION, NUMERICS, f"changes the body of {macro}, which names a "
+                          "number format, rounding or precision path")
+            if names & {"warp", "wave", "wavefront", "sync", "barrier", "atomic"}:
+                yield i, (SYNC, CONCURRENCY, f"changes the body of {macro}, which names a "
+                          "barrier, an atomic or the warp's width")
+
+
+def _selected(lines: Sequence[_Line], i: int) -> list[str]:
+    """The code of the lines a preprocessor condition at ``i`` selects on its side, up to the
+    matching ``#endif`` (its ``#else`` branch included: the condition picks between them)."""
+    kind = lines[i].kind
+    out: list[str] = []
+    depth = 0
+    for line in lines[i + 1:]:
+        if line.kind not in (CONTEXT, kind):
+            continue
+        if _DIRECTIVE_OPEN.match(line.code):
+            depth += 1
+        elif _DIRECTIVE_END.match(line.code):
+            if depth == 0:
+                break
+            depth -= 1
+        out.append(line.code)
+    return out
+
+
+def _what_code_is(block: Sequence[str]) -> tuple[bool, bool]:
+    """(concurrency, numerics): whether the lines hold a barrier, an atomic or the warp's
+    width; a precision, a math intrinsic or an accumulation path (names of macros count)."""
+    concurrency = numerics = False
+    for code in block:
+        if not code.strip():
+            continue
+        if _WARP_WIDTH.search(code):
+            concurrency = True
+        for signature, *_ in _NATIVE_SET.matches(code):
+            if signature.weak:
+                continue
+            if signature.category == CONCURRENCY:
+                concurrency = True
+            elif signature.category == NUMERICS and signature.rule != KERNEL:
+                numerics = True
+        defined = _DEFINED_MACRO.match(code)
+        if defined and set(_words_of(defined.group(1))) & {"accum", "dot2", "vdot2", "fma",
+                                                           "precision", "rounding"}:
+            numerics = True
+    return concurrency, numerics
+
+
+def _continued_macro(lines: Sequence[_Line], i: int) -> str:
+    """The name of the ``#define`` whose body line ``i`` continues (the lines of its side
+    above it end with ``\\``), or ""."""
+    kind = lines[i].kind
+    k = i - 1
+    while k >= 0:
+        if lines[k].kind in (CONTEXT, kind):
+            text = lines[k].text.rstrip()
+            if not text.endswith("\\"):
+                return ""
+            defined = _DEFINED_MACRO.match(text)
+            if defined:
+                return defined.group(1)
+        k -= 1
+    return ""
+
+
+def _section_name(section: str) -> str:
+    """The struct or class a hunk header names (`struct DeviceSyncer {`); not a function (a
+    kernel named `sync_free_reduce` computes)."""
+    match = _SECTION_NAME.match(section)
+    return match.group(1) if match else ""
+
+
+def _dtype_tests(lines: Sequence[_Line]) -> list[int]:
+    """The lines of a condition that tests a dtype (``dtype in [torch.float8_e4m3fn, ...]``),
+    with the lines its brackets run over, whose branch only answers a question (``return 1``,
+    ``raise``): bookkeeping of sizes or support, not a conversion."""
+    out: list[int] = []
+    for i, line in enumerate(lines):
+        if line.kind == CONTEXT or not _CONDITION.match(line.code):
+            continue
+        statement = _bracketed(lines, i)
+        if not _DTYPE_TEST.search(" ".join(lines[k].code for k in statement)):
+            continue
+        indent = len(line.code) - len(line.code.lstrip())
+        body = [other.code for other in lines[statement[-1] + 1:]
+                if other.kind in (CONTEXT, line.kind) and other.code.strip()]
+        branch = []
+        for code in body:
+            if len(code) - len(code.lstrip()) <= indent:
+                break
+            branch.append(code)
+        if branch and all(_CONSTANT_BODY.match(code) for code in branch):
+            out += statement
+    return out
+
+
+def _bracketed(lines: Sequence[_Line], i: int) -> list[int]:
+    """Line ``i`` and the lines of its side its open brackets of any kind run over."""
+    kind = lines[i].kind
+    out, depth = [], 0
+    for k in range(i, len(lines)):
+        if lines[k].kind not in (kind, CONTEXT):
+            continue
+        if k > i and depth <= 0:
+            break
+        out.append(k)
+        code = lines[k].code
+        depth += sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
+    return out
+
+
+_OPTION_TEST = re.compile(r"^\s*(?:el)?if\s+(not\s+)?([A-Za-z_]\w*)\s*:\s*$")
+
+
+def _default_branch(code: str, options: frozenset[str]) -> bool:
+    """Whether the condition ``code`` (``if not use_sdpa:``) tests only a removed option and
+    its default made it true (``use_sdpa`` is one of ``options``: removed with a false
+    default, the only kind kept there)."""
+    test = _OPTION_TEST.match(code)
+    return test is not None and test.group(2) in options and bool(test.group(1))
+
+
+def _removed_options(change: FileChange) -> frozenset[str]:
+    """Parameters with a false default (False, None) that the file's diff removes and no
+    added line names (``use_sdpa=False``): an option dropped. A condition over one is judged
+    under its default: callers that never passed it compute as before, callers that did now
+    fail."""
+    if not any(line.kind == REMOVED and ("False" in line.text or "None" in line.text)
+               for hunk in change.hunks for line in hunk.lines):
+        return frozenset()
+    removed = "\n".join(line.text for hunk in change.hunks for line in hunk.lines
+                        if line.kind == REMOVED)
+    added = "\n".join(line.text for hunk in change.hunks for line in hunk.lines
+                      if line.kind == ADDED)
+    names = {m.group(1) for m in _OPTION.finditer(removed)}
+    return frozenset(names - set(_NAME.findall(added)))
+
+
+_OPTION = re.compile(r"([A-Za-z_]\w*)\s*(?::\s*[\w.\[\]]+\s*)?=\s*(?:False|None)\s*(?=[,)]|$)",
+                     re.MULTILINE)
+
+
+@lru_cache(maxsize=64)
+def _mention(options: frozenset[str]) -> re.Pattern[str]:
+    """A mention of one of ``options``: its parameter with its default, an argument passing it
+    on (``use_sdpa=use_sdpa``, ``args.use_sdpa``), and the comma after it."""
+    names = "|".join(re.escape(name) for name in sorted(options))
+    return re.compile(rf"(?:\bargs\.)?\b(?:{names})\b(?:\s*(?::[^=,()]*)?=\s*[\w.]+)?\s*,?")
+
+
+def _options_dropped(lines: Sequence[_Line], mention: re.Pattern[str]) -> list[int]:
+    """The lines of the runs that only drop an option the diff removes: its parameter
+    (``use_sdpa=False,``), the argument that passed it on (``use_sdpa=use_sdpa``,
+    ``args.use_sdpa``)."""
+    out: list[int] = []
+    for run in _runs_of(lines):
+        sides = {kind: "".join(mention.sub("", lines[k].raw) for k in run
+                               if lines[k].kind == kind) for kind in (REMOVED, ADDED)}
+        if any(mention.search(lines[k].raw) for k in run if lines[k].kind == REMOVED) and (
+                _squash(sides[REMOVED]) == _squash(sides[ADDED])):
+            out += list(run)
+    return out
+
+
+def _runs_of(lines: Sequence[_Line]) -> Iterator[range]:
+    """The index ranges of each run of changed lines of a hunk (no context between)."""
+    i = 0
+    while i < len(lines):
+        if lines[i].kind == CONTEXT:
+            i += 1
+            continue
+        j = i
+        while j < len(lines) and lines[j].kind != CONTEXT:
+            j += 1
+        yield range(i, j)
+        i = j
+
+
+def _file_subject(path: str) -> tuple[str, str] | None:
+    """(rule, category) a file's name gives its code (``thread_storage_sync.cc``: sync), or
+    None: what the fail-closed rule reports instead of unclassified."""
+    stem = PurePosixPath(path).stem
+    words = set(_words_of(stem))
+    if words & _SYNC_FILE_WORDS:
+        return SYNC, CONCURRENCY
+    if words & _NUMERIC_FILE_WORDS:
+        return PRECISION, NUMERICS
+    return None
+
+
+_DEF_LINE = re.compile(r"^(\s*)(?:async\s+)?def\s+([A-Za-z_]\w*)\s*\(([^)]*)\)?")
+_RETURN = re.compile(r"^\s*return\s+(.+?)\s*$")
+_TEMPORARY = re.compile(r"^\s*([A-Za-z_]\w*)\s*=(?!=)\s*(.+?)\s*$")
+_CHECK = re.compile(r"^\s*(?:assert\b|raise\b|(?:[\w.]*\.)?(?:log\w*|logger|logging|warn\w*|"
+                    r"print)\s*\()")
+
+
+@dataclass(frozen=True)
+class _Helper:
+    """A function the diff adds: its parameters, and the lines of its added body."""
+
+    params: tuple[str, ...]
+    block: tuple[Order, ...]  # its def line and the added lines of its body
+    pure: bool  # the body only checks (assert, raise, log), names temporaries and returns
+
+
+def _extractions(change: FileChange, hunks: Sequence[Sequence[_Line]]) -> set[Order]:
+    """The lines of a helper extracted from an expression: a call to a function the diff adds
+    stands where the expression it returns stood (``{k: torch.cat(v, dim=0) ...}`` ->
+    ``{k: cat_and_assert(k, v) ...}`` with ``def cat_and_assert(k, v): x = torch.cat(v,
+    dim=0); assert ...; return x``; ``return self.output(self.norm(h)).float()`` ->
+    ``return self.output(self.forward_partial(...)).float()`` with ``return self.norm(h)``).
+    The call computes what the expression did; the helper's checks stop a run, they change no
+    value. Read as text, without layout: the call with the returned expression (its
+    temporaries and parameters put back) in its place is the removed statement."""
+    helpers: dict[str, _Helper] = {}
+    returns: list[tuple[str, list[Order]]] = []
+    for h, lines in enumerate(hunks):
+        for i, line in enumerate(lines):
+            if line.kind != ADDED:
+                continue
+            defined = _DEF_LINE.match(line.code)
+            if defined:
+                helpers[defined.group(2)] = _helper_at(lines, h, i, defined)
+            returned = _RETURN.match(line.raw)
+            if returned:
+                expression, used = _squash(returned.group(1)), [(h, i)]
+                temporary = _temporary_of(lines, i, expression)
+                if temporary is not None:
+                    expression, k = temporary
+                    used.append((h, k))
+                returns.append((expression, used))
+    if not helpers or not returns:
+        return set()
+    out: set[Order] = set()
+    for h, lines in enumerate(hunks):
+        removed = {_squash(_call_of(lines, k)): k for k, line in enumerate(lines)
+                   if line.kind == REMOVED and line.code.strip()}
+        for i, line in enumerate(lines):
+            if line.kind != ADDED or not removed:
+                continue
+            for name, helper in helpers.items():
+                if f"{name}(" not in line.code or not helper.pure:
+                    continue
+                statement = _squash(_call_of(lines, i))
+                for expression, used in returns:
+                    inlined = _inline_call(statement, name, helper.params, expression)
+                    if inlined is not None and inlined in removed:
+                        out.update((h, k) for k in _statement(lines, i))
+                        out.update((h, k) for k in _statement(lines, removed[inlined]))
+                        out.update(used)
+                        out.update(helper.block)
+    return out
+
+
+def _helper_at(lines: Sequence[_Line], h: int, i: int, defined: re.Match[str]) -> _Helper:
+    """The helper whose ``def`` is the added line ``i``: its parameters and body."""
+    indent = len(defined.group(1))
+    params = tuple(p.split(":")[0].split("=")[0].strip().lstrip("*")
+                   for p in defined.group(3).split(",") if p.strip())
+    block: list[Order] = [(h, i)]
+    pure = True
+    depth = 0
+    for k in range(i + 1, len(lines)):
+        line = lines[k]
+        if line.kind != ADDED:
+            break
+        code = line.code
+        if not code.strip():
+            block.append((h, k))
+            continue
+        if depth == 0 and len(code) - len(code.lstrip()) <= indent:
+            break
+        if depth == 0 and not (_CHECK.match(code) or _RETURN.match(code) or _TEMPORARY.match(
+                code)):
+            pure = False
+        depth = max(0, depth + code.count("(") + code.count("[") + code.count("{")
+                    - code.count(")") - code.count("]") - code.count("}"))
+        block.append((h, k))
+    return _Helper(params, tuple(block), pure)
+
+
+def _temporary_of(lines: Sequence[_Line], i: int, name: str) -> tuple[str, int] | None:
+    """The expression the added lines above ``i`` (in its helper) assign to ``name``, and its
+    line, when ``name`` is a plain name."""
+    if not name.isidentifier():
+        return None
+    for k in range(i - 1, -1, -1):
+        line = lines[k]
+        if line.kind != ADDED or _DEF_LINE.match(line.code):
+            return None
+        assigned = _TEMPORARY.match(line.raw)
+        if assigned and assigned.group(1) == name:
+            return _squash(assigned.group(2)), k
+    return None
+
+
+def _inline_call(statement: str, name: str, params: tuple[str, ...],
+                 expression: str) -> str | None:
+    """``statement`` (without layout) with its call of ``name`` (and the receiver it is called
+    on) replaced by ``expression``, the parameters in it replaced by the call's arguments."""
+    match = re.search(rf"(?:[\w.]+\.)?\b{re.escape(name)}\(", statement)
+    if match is None:
+        return None
+    depth, end = 0, match.end() - 1
+    while end < len(statement):
+        depth += {"(": 1, ")": -1}.get(statement[end], 0)
+        end += 1
+        if depth == 0:
+            break
+    arguments = [a for a in statement[match.end():end - 1].split(",") if a]
+    values = [a for a in arguments if "=" not in a]
+    body = expression
+    called = [p for p in params if p not in ("self", "cls")]
+    if len(values) == len(called):
+        for param, value in zip(called, values, strict=True):
+            if param != value:
+                body = re.sub(rf"(?<![\w.]){re.escape(param)}\b", value.replace("\\", r"\\"),
+                              body)
+    return statement[:match.start()] + body + statement[end:]

@@ -45,6 +45,14 @@ _ANY_FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*|(?<![\w-])[A-Za-z_]\w*=")
 # A build file's compiler flags: CMake's flag variables and options, make's FLAGS variables.
 _COMPILER_FLAGS = re.compile(r"\b(?:CMAKE_\w*_FLAGS\w*|\w*NVCC_?FLAGS\w*|(?:C|CXX|CU|LD)FLAGS|"
                              r"(?:target|add)_compile_options|(?:target|add)_link_options)\b")
+# A build file's linking: the libraries and include directories the binary is built against
+# (`target_link_libraries(... -lnccl)` -> `${NCCL_LIBRARIES}`, `find_package(NCCL)`).
+_LINKED = re.compile(r"\b(?:target_link_libraries|link_libraries|target_link_directories|"
+                     r"link_directories|target_include_directories|include_directories|"
+                     r"find_package|find_library|find_path|LINK_LIBRARIES|LDLIBS|LIBS)\b|"
+                     r"\b\w+_(?:LIBRARY|LIBRARIES|LIBS|INCLUDE_DIRS?|LIB_DIRS?)\b|"
+                     r"(?<![\w-])-l(?!ineinfo)[A-Za-z][\w+:.-]*|(?<![\w-])-L\S+|"
+                     r"\.(?:so|a|lib|dylib)\b")
 _FAST_MATH = re.compile(FAST_MATH_FLAGS.pattern)
 _OPTION_LINE = re.compile(r"^\s*--[A-Za-z][\w-]*(?:[=\s]|$)")
 
@@ -181,6 +189,10 @@ def _launch_reason(raw: str, launch_script: bool, entrypoint: str | None,
     flags = _COMPILER_FLAGS.search(raw) if build and not _FAST_MATH.search(raw) else None
     if flags:
         return f"{_FLAGS_REASON} ({flags.group()}): the binary production runs"
+    linked = _LINKED.search(raw) if build and not _COMPILER_FLAGS.search(raw) else None
+    if linked:
+        return f"changes what the build links or includes ({linked.group()}): the binary " \
+               "production runs"
     if entrypoint and _ANY_FLAG.search(raw):
         return f"changes a flag of the {entrypoint} launch command"
     if _OPTION_LINE.match(raw) and not build:
