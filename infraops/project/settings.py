@@ -496,9 +496,10 @@ CACHES: dict[str, dict[str, Any]] = {
     "experiments": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
                     "LOCATION": "infraops-experiments", "OPTIONS": {"MAX_ENTRIES": 300}},
     # A change page's diff tables, per state of the change (reviews/views/change.py): per
-    # process, bounded (a diff's tables are tens of kilobytes, a large diff's a few megabytes).
+    # process, bounded (a diff's tables are tens of kilobytes, one of the largest diffs a page
+    # highlights a few megabytes: 64 of those at most, the oldest third going when full).
     "changes": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",
-                "LOCATION": "infraops-changes", "OPTIONS": {"MAX_ENTRIES": 200}},
+                "LOCATION": "infraops-changes", "OPTIONS": {"MAX_ENTRIES": 64}},
 }
 # The window of the per-user rate limits (seconds); the limits are counted per window.
 RATE_WINDOW_SECONDS = 60
