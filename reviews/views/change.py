@@ -82,7 +82,7 @@ def _runs_read() -> JoinedRead[Model]:
     # Identifiers from the models' metadata; the change is bound.
     return JoinedRead(
         runs, "goal_version__goal",
-        where=f't0."id" IN (SELECT "{column[runs]}" FROM "{through.db_table}" '  # noqa: S608
+        where=f't0."id" IN (SELECT "{column[runs]}" FROM "{through.db_table}" '  # noqa: S608  # nosec B608
               f'WHERE "{column[Change]}" = %s)',
         order_by='t0."created_at" DESC, t0."id" DESC')
 
