@@ -2,7 +2,8 @@
 
 The client says the last sequence number it has, on every connect, so a reconnect catches
 up; a group message only says there is more. Rows always come from the database, so a
-dropped notification costs latency, never a line.
+dropped notification costs latency, never a line: a socket that heard nothing for
+REREAD_SECONDS reads its rows again.
 
 Every socket (GuardedConsumer) also:
 - re-checks its session and its user's roles every RECHECK_SECONDS and before each send, and
@@ -55,6 +56,12 @@ RECHECK_SECONDS = 2.0  # a revoked session or role closes the socket within this
 SEND_RECHECK_SECONDS = 1.0  # a frame goes out at most this long after a passing check
 MAX_CLIENT_FRAME = 64 * 1024  # bytes; the pages send {"after": n}
 MAX_SERVER_FRAME = 256 * 1024  # bytes of one frame the server sends
+# With no notification for this long, a socket whose client is ready reads its rows again: a
+# notification can be lost (the channel layer drops what it cannot send, and one published
+# before the socket's subscription took effect on Redis reaches nobody: channels_redis sends
+# SUBSCRIBE without waiting for it), and a page must not wait for the next event to see the
+# last rows of a run. One narrow read per idle socket per period.
+REREAD_SECONDS = 5.0
 
 CLOSE_SIGNED_OUT = 4401
 CLOSE_FORBIDDEN = 4403
@@ -305,7 +312,11 @@ class SequencedLogConsumer(GuardedConsumer):
         """The socket's only writer of rows: any number of wake-ups while it sends become
         one more pass over the database."""
         while not self._closing:
-            await self._wake.wait()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=REREAD_SECONDS)
+            except TimeoutError:
+                if not self.client_ready:
+                    continue  # the client has not said where it is: nothing to catch up
             self._wake.clear()
             if self.requested is not None:
                 # Rows the page was told to fetch over HTTP are not offered again, even when

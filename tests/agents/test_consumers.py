@@ -248,6 +248,35 @@ async def read_rows(communicator: WebsocketCommunicator, *, through: int
     return rows
 
 
+def test_a_row_whose_notification_was_lost_still_reaches_a_ready_client(
+    run: AgentRun, viewer: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notification can be lost (one published before the socket's subscription took effect
+    on Redis reaches nobody): an idle socket reads its rows again every REREAD_SECONDS, so
+    the last rows of a run reach the page without waiting for another event."""
+    produce = sync_to_async(append_lines, thread_sensitive=False)
+    last_seq = sync_to_async(lambda: AgentRun.objects.get(pk=run.pk).event_seq,
+                             thread_sensitive=False)
+
+    async def scenario() -> list[tuple[int, str]]:
+        communicator = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/",
+                                             headers=session_headers(viewer))
+        assert (await communicator.connect(timeout=TIMEOUT))[0]
+        await communicator.send_json_to({"after": 0})
+        await produce(run.pk, 1)  # notified: the socket is ready and sends it
+        rows = await read_rows(communicator, through=await last_seq())
+        await asyncio.sleep(0.5)  # no notification of that row is still on its way
+        monkeypatch.setattr("agents.events.notify", lambda *args, **kwargs: None)
+        await produce(run.pk, 1, start=1)  # committed, its notification lost
+        rows += await read_rows(communicator, through=await last_seq())
+        await communicator.disconnect()
+        return rows
+
+    rows = run_async(scenario)
+
+    assert [text for _, text in rows][-2:] == ["log line 000000", "log line 000001"]
+
+
 def test_notifications_do_not_pile_up_behind_a_client_that_reads_nothing_and_it_gets_every_row(
     run: AgentRun, viewer: User, caplog: pytest.LogCaptureFixture
 ) -> None:
