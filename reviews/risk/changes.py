@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from reviews.risk.diff import ADDED, CONTEXT, REMOVED, DiffLine
 from reviews.risk.lexers import NAME, STRING, Lexed, Token
@@ -64,8 +65,14 @@ def changed_tokens(lines: Sequence[DiffLine], lexed: Sequence[Lexed],
     return out
 
 
-def change_runs(lines: Sequence[DiffLine]) -> Iterator[range]:
-    """The index ranges of each run of changed (non-context) lines of one hunk."""
+class _Kinded(Protocol):
+    @property
+    def kind(self) -> str: ...
+
+
+def change_runs(lines: Sequence[_Kinded]) -> Iterator[range]:
+    """The index ranges of each run of changed (non-context) lines of one hunk (diff lines,
+    or any lines that carry their kind)."""
     i = 0
     while i < len(lines):
         if lines[i].kind == CONTEXT:

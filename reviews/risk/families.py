@@ -2100,27 +2100,13 @@ def _options_dropped(lines: Sequence[_Line], mention: re.Pattern[str]) -> list[i
     (``use_sdpa=False,``), the argument that passed it on (``use_sdpa=use_sdpa``,
     ``args.use_sdpa``)."""
     out: list[int] = []
-    for run in _runs_of(lines):
+    for run in change_runs(lines):
         sides = {kind: "".join(mention.sub("", lines[k].raw) for k in run
                                if lines[k].kind == kind) for kind in (REMOVED, ADDED)}
         if any(mention.search(lines[k].raw) for k in run if lines[k].kind == REMOVED) and (
                 _squash(sides[REMOVED]) == _squash(sides[ADDED])):
             out += list(run)
     return out
-
-
-def _runs_of(lines: Sequence[_Line]) -> Iterator[range]:
-    """The index ranges of each run of changed lines of a hunk (no context between)."""
-    i = 0
-    while i < len(lines):
-        if lines[i].kind == CONTEXT:
-            i += 1
-            continue
-        j = i
-        while j < len(lines) and lines[j].kind != CONTEXT:
-            j += 1
-        yield range(i, j)
-        i = j
 
 
 def _file_subject(path: str) -> tuple[str, str] | None:
