@@ -8,6 +8,15 @@
 #   bench/gpu_device.sh run OUT --fla   # the same on the flash-linear-attention targets
 #   bench/gpu_device.sh record OUT      # there: bench/fla_record.py (every knob setting, raw)
 #   bench/gpu_device.sh fleet OUT       # there: bench/fleet.py on a host with cores to spare
+#   bench/gpu_device.sh start OUT ...   # there: `run OUT ...` in a process session of its own,
+#   bench/gpu_device.sh wait OUT SECS   #   then wait up to SECS for it, call after call
+#
+# A lent machine's command lasts at most 600 s and kills what it leaves running, except a
+# process that started a session of its own (setsid), which runs on while the machine is held
+# (30 s idle between calls, 30 minutes in all). `start` launches `run` that way and waits like
+# `wait`; each later `wait` call waits again, and prints `finished rc=N` once the run ended
+# (OUT/rc holds its status; with PACK set the archive is written then, and again by the call
+# that sees it end, since $OUT is emptied before each command).
 #
 # GPU_TESTS=0 leaves the GPU tests out of `run` (and, given to `prepare`, their wheels out of
 # the carry: the working tree and the carry must travel under 64 MiB together). PACK=FILE packs OUT into one archive FILE at
@@ -122,10 +131,38 @@ EOF
   return "$status"
 }
 
-usage="usage: bench/gpu_device.sh prepare | run OUT [bench/gpu_worker.py options] | record OUT [bench/fla_record.py options] | fleet OUT [bench/fleet.py options]"
+wait_for() {
+  # Wait up to SECS for a run that `start` launched; 0 once it ended with 0, 3 while it runs.
+  out=${1:?OUT folder} seconds=${2:?SECS}
+  end=$(( $(date +%s) + seconds ))
+  while [ ! -f "$out/rc" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+  tail -5 "$out/started.log" 2>/dev/null || true
+  if [ -f "$out/rc" ]; then
+    pack "$out"
+    echo "finished rc=$(cat "$out/rc")"
+    return "$(cat "$out/rc")"
+  fi
+  echo "still running after ${seconds} s: call \`bench/gpu_device.sh wait $out SECS\` again"
+  return 3
+}
+
+start() {
+  out=${1:?OUT folder}
+  seconds=${START_WAIT:-560}
+  rm -rf "$out" && mkdir -p "$out"
+  # The run's own archive would land in $OUT of this call, emptied before the next: `wait`
+  # packs when it sees the end.
+  setsid bash -c "PACK= bash '$PWD/bench/gpu_device.sh' run $(printf '%q ' "$@") >'$out/started.log' 2>&1; echo \$? >'$out/rc.tmp'; mv '$out/rc.tmp' '$out/rc'" \
+    </dev/null >/dev/null 2>&1 &
+  wait_for "$out" "$seconds"
+}
+
+usage="usage: bench/gpu_device.sh prepare | run OUT [bench/gpu_worker.py options] | record OUT [bench/fla_record.py options] | fleet OUT [bench/fleet.py options] | start OUT [run's options] | wait OUT SECS"
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
+  start) shift; start "$@" ;;
+  wait) shift; wait_for "$@" ;;
   record) shift; record "$@" ;;
   fleet) shift; fleet "$@" ;;
   -h|--help) echo "$usage" ;;
