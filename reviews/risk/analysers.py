@@ -78,7 +78,11 @@ def _analysers(change: FileChange, moves: MoveIndex | None,
     if kind:
         return production.deployment(change, kind)
     if files.is_test(path):
-        return []  # test code and test data, in whatever language: they verify, not serve
+        # Test code and test data, in whatever language: they verify, not serve; but a test
+        # script's install commands pin what CI verifies production with (seventh round).
+        if files.language(path, _first_line(change)) == files.SHELL:
+            return production.install_pins(change)
+        return []
     language = files.language(path, _first_line(change))
     if language is None:
         return [((-1, -1), whole(change, UNCLASSIFIED, UNREADABLE,

@@ -254,7 +254,8 @@ FOREIGN = SignatureSet((
               r"\bavailable_parallelism\b|\b\w*_(?:threads|workers)\b|\bgo\s+func\b",
               "changes threads, tasks, permits or channels ({m}): what runs at once and what "
               "waits"),
-    Signature(SERVING, r"\b\w*_(?:threads|workers)\b|#\[(?:clap|arg)\([^\]]*default_value\w*",
+    Signature(SERVING, r"\b\w*_(?:threads|workers)\b|#\[(?:clap|arg)\([^\]]*default_value\w*"
+              r"(?:\s*=\s*(?:\"[^\"]*\"|[\w.:-]+))?",
               "changes a serving setting or a command-line default ({m}): how the service runs "
               "when started", extend=False),
     Signature(PRECISION, r"\bDType::\w+|\b(?:f16|bf16)\b|\bf(?:16|32|64)::(?:MIN|MAX|EPSILON|"

@@ -204,8 +204,11 @@ def c_contexts(lines: Sequence[str], lexed: Sequence[Lexed], section: str,
             out.append(Context("", loose, False, ""))
             continue
         function = functions[index]
+        # In CUDA or HIP source a function named as a kernel is one, its __global__ on the
+        # line above out of sight (seventh round: `void conv1d_fwd_kernel(Params p) {`).
         kernel = function.declared_device or function.device_use or device_file or (
-            cuda_file and function.unseen and not function.host_use)
+            cuda_file and (function.unseen or _is_kernel_name(function.name))
+            and not function.host_use)
         simd = not kernel and function.simd_use
         out.append(Context(function.name, kernel or simd, _is_reduction_name(function.name), "",
                            i in headers, simd))
@@ -233,6 +236,11 @@ def _c_function(signature: str, above: str) -> tuple[str, bool] | None:
     if match is None or _C_CONTROL.match(signature.strip()) or match.group(1) in _C_ATTRIBUTES:
         return None
     return match.group(1), bool(_C_DEVICE.search(above + " " + signature))
+
+
+@lru_cache(maxsize=4096)
+def _is_kernel_name(name: str) -> bool:
+    return bool(name) and bool(_KERNEL_NAME.search(name.rsplit("::", 1)[-1]))
 
 
 @lru_cache(maxsize=4096)

@@ -31,6 +31,13 @@ switches and build conditions; and what changes nothing (a helper extracted, a m
 then logged, an ``except`` clause, a launcher's help text, a dtype test of bookkeeping, an
 option removed with its default branch kept).
 
+A sixth held-out set found more: tolerance tables and thresholds in C tests, exact checks made
+bounds, a kernel launch's template sizes, slices, residual sums, conditions on the rank,
+grids, brace casts, a distributed tensor's placements, C++ critical sections, buffers kept for
+queued GPU work, host reads re-batched, check-then-create races, memory-ordering modes, host
+thread counts, configuration defaults, compute-capability tests, a build recipe's pins; and
+what changes nothing (a setter's repeated call dropped, chunks materialised).
+
 Contract: ``family_findings(change, language, found, moves, changed)`` returns the extra
 findings of one file (order keys as ``analysers.analyse``), given the file's language, what
 the analysers ``found`` and which lines they saw ``changed``. Test files get only the test
@@ -70,6 +77,7 @@ from reviews.risk.signatures import (
     GPU_ARCH,
     KERNEL,
     LAUNCH,
+    LOCKS,
     NUMERICS,
     PRECISION,
     PRODUCTION,
@@ -103,7 +111,9 @@ _TOLERANCE = re.compile(r"(?i)\b(?:a?tol|rtol|atol|tolerance|eps|ratio|err_ratio
 # Names of a tolerance as identifier words (abs_tol, fwd_atol, rtol_logits), and a row of bare
 # numbers (a parametrised test's table: its columns have no names).
 _TOLERANCE_WORDS = frozenset({"tol", "tols", "atol", "rtol", "tolerance", "tolerances", "eps",
-                              "epsilon", "reltol", "abstol", "errtol", "xtol", "ftol", "gtol"})
+                              "epsilon", "reltol", "abstol", "errtol", "xtol", "ftol", "gtol",
+                              # a test's thresholds (`float grad_thresholds[N] = {...}`)
+                              "threshold", "thresholds", "thresh"})
 _TOLERANCE_WORD = re.compile(words(*_TOLERANCE_WORDS))
 _NUMBER_ROW = re.compile(r"^\s*[-+]?(?:\d|\.\d)[-+\w.]*\s*(?:,\s*[-+]?(?:\d|\.\d)[-+\w.]*\s*)*,?"
                          r"\s*$")
@@ -216,6 +226,7 @@ _LITERAL = re.compile(r"\b(?:true|false|True|False|None|nullptr)\b|"
 _KERNEL_DSL = re.compile(r"@triton\.jit|tl\.(?<![\w.]tl\.)\w|cute\.\w|cutlass\.\w|T\.Kernel|"
                          r"tilelang|gluon|T\.prim_func|T\.thread_binding")
 _RISKY_CODE = re.compile(r"@triton\.jit|\btl\.\w|__global__|__device__|\bdef\s+forward\b|"
+                         r"\bnn\.Module\b|"
                          r"<<<|\bT\.Kernel\b|\bcute\.\w|\btorch\.\w|asm\s+volatile|"
                          r"\b(?:uvicorn|serve|app|server)\.(?:run|start|deployment)\b|"
                          r"\bos\.environ\b|" + _DEVICE_MARKS)
@@ -412,6 +423,10 @@ class _File:
     # Its path says it is a collective's or a communication library's code (custom all-reduce
     # kernels, IPC, NVSHMEM), or its diff shows atomics or fences: its flags are signals.
     collective: bool = False
+    # Its file name says it implements a synchronisation primitive (rw_spinlock.h, barrier.cc).
+    primitive: bool = False
+    # Its file name says it holds the service's configuration (config.h, settings.py).
+    configuration: bool = False
 
 
 def _file_of(change: FileChange, language: str | None, found: Sequence[Ordered],
@@ -442,6 +457,10 @@ def _file_of(change: FileChange, language: str | None, found: Sequence[Ordered],
         options=_removed_options(change) if python and not test else frozenset(),
         collective=device_code and bool(
             _COMMUNICATION_PATH.search(change.path) or _ORDERED_MEMORY.search(text)),
+        primitive=code and bool(set(_words_of(PurePosixPath(change.path).stem))
+                                & (_SYNC_PRIMITIVE_WORDS | {"lock", "rwlock"})),
+        configuration=code and not test and bool(set(_words_of(PurePosixPath(
+            change.path).stem)) & _CONFIGURATION_WORDS),
         # A read moved between hunks, a check relaxed in another hunk: the whole file's sides.
         sides=_file_sides(change, lex_python if python else lex_c) if build or test else (
             {ADDED: "", REMOVED: ""}))
@@ -499,6 +518,15 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
             out += [((h, i), _finding(change, hunk.lines[i], rule, category, reason))
                     for i, (rule, category, reason) in _sixth_round_runs(lines, h, hunk, kind,
                                                                          families)]
+        if code and not kind.test:
+            out += [((h, i), _finding(change, hunk.lines[i], rule, category, reason))
+                    for i, (rule, category, reason) in _seventh_round_runs(lines, h, hunk, kind,
+                                                                           families)]
+        if kind.test:
+            out += [((h, i), _finding(change, hunk.lines[i], PRECISION, NUMERICS, "reorders "
+                                      "or rewrites a tolerance table in a test: some entry now "
+                                      "allows more than it did"))
+                    for i in _tolerance_tables(lines)]
         if code and not kind.test:
             for i, reason in _lanes_and_writers(lines):
                 families.explained.add((h, i))
@@ -564,6 +592,7 @@ def _code_line_hits(lines: Sequence[_Line], i: int, order: Order, kind: _File,
             hit for hit in hits if hit[1] != CONCURRENCY]
     hits += _fourth_round_hits(line, order, kind, families)
     hits += _sixth_round_hits(line, order, kind, families, hunk)
+    hits += _seventh_round_hits(line, order, kind, hunk)
     if kind.sampler and seen and not hits and _SAMPLED.search(line.code) and _changes_a_value(
             line):
         hits.append((PRECISION, NUMERICS, "changes a sampler's arithmetic (its probabilities, "
@@ -924,6 +953,8 @@ def _sizes_assigned_anew(line: _Line) -> bool:
     for name, value in assignments:
         if _NOT_A_SIZE.match(value) or (name == "chunksize" and _POOL_MAP.search(line.code)):
             continue  # a switch; how many items a process pool hands a worker at once
+        if re.fullmatch(rf"(?:list|tuple|set|sorted|iter)\({re.escape(name)}\)", value):
+            continue  # chunks materialised (`chunks = list(chunks)`): the same items, no size
         if not value or not _assigns(other, name, value):
             return True
     return False
@@ -1279,6 +1310,9 @@ def _test_hits(line: _Line, added: str = "") -> list[_Hit]:
         hits.append((PRECISION, NUMERICS, "relaxes a comparison in a test (an exact check made "
                      "approximate, or given a tolerance it did not have): what used to fail now "
                      "passes"))
+    elif _bounds_exact_check(line):
+        hits.append((PRECISION, NUMERICS, "turns an exact check in a test into a bound (a "
+                     "difference within a slack, a NEAR check): what used to fail now passes"))
     elif _sets_tolerance(line, added):
         hits.append((PRECISION, NUMERICS, "sets a tolerance for comparisons the change does not "
                      "add (under a condition, for one dtype): what used to fail may now pass"))
@@ -1711,6 +1745,10 @@ _INT_TYPE = (r"(?:const\s+)?(?:unsigned\s+)?(?:u?int(?:8|16|32|64)_t|size_t|ssiz
              r"index_t|long\s+long|long|int64|uint64|int)")
 _INT_WIDTH = re.compile(rf"\((?<!sizeof\()(?<!sizeof \()\s*{_INT_TYPE}\s*\)(?=\s*[\w(])|"
                         rf"\bstatic_cast<\s*{_INT_TYPE}\s*>|"
+                        # a brace or functional cast (seventh round): `unsigned{sizeof(T)}`,
+                        # `int64_t(n)`, `size_t{k}`
+                        r"\b(?:unsigned|signed|int|long|size_t|ssize_t|ptrdiff_t|u?int(?:8|16|32|64)_t)"
+                        r"\s*\{(?=[^{}]*\})|\b(?:size_t|ssize_t|ptrdiff_t|u?int(?:8|16|32|64)_t)\s*\((?!\s*\))|"
                         r"\b(?:Int|Uint|UInt)(?:8|16|32|64)\s*\(|"
                         r"\.to\(\s*(?:cutlass\.)?(?:Int|Uint|UInt)(?:8|16|32|64)\s*\)")
 # A flag, signal or semaphore in memory that blocks or GPUs poll: which of them waits for which
@@ -1795,7 +1833,9 @@ def _sixth_round_hits(line: _Line, order: Order, kind: _File,
     low = code.lower()
     seen = kind.changed is None or order in kind.changed
     # Substring tests first: most lines hold none of these families' words.
-    widths = (kind.device or kind.risky) and any(word in low for word in _WIDTH_WORDS)
+    # In a lock's or a semaphore's own code a width is a ticket's or a counter's: ordering.
+    widths = (kind.device or kind.risky) and not kind.primitive and any(
+        word in low for word in _WIDTH_WORDS)
     flags = kind.device and kind.collective and ("flag" in low or "sem" in low or "signal" in low
                                                  or "doorbell" in low)
     collective = seen and any(word in low for word in _COLLECTIVE_WORDS)
@@ -2251,3 +2291,356 @@ def _inline_call(statement: str, name: str, params: tuple[str, ...],
                 body = re.sub(rf"(?<![\w.]){re.escape(param)}\b", value.replace("\\", r"\\"),
                               body)
     return statement[:match.start()] + body + statement[end:]
+
+
+# --- Seventh round (issue 27, the sixth held-out set) ----------------------------------------
+# Names of the file or struct that holds a service's configuration and its defaults.
+_CONFIGURATION_WORDS = frozenset({"config", "configs", "configuration", "settings", "defaults",
+                                  "options"})
+# Template arguments of a call or a type (`scan_launch<64, 4, T>(...)`,
+# `Traits<kNThreads, kWidth, 64, ...>`): a kernel's compile-time sizes. Not a comparison.
+_TEMPLATE_ARGUMENTS = re.compile(r"\b([A-Za-z_][\w:]*)<([^<>;&|=]*)>")
+# A template that launches a kernel or describes one (its traits, its policy, its tile).
+_LAUNCH_TEMPLATE_WORDS = frozenset({"launch", "launcher", "kernel", "kernels", "traits",
+                                    "ktraits", "config", "configs", "policy", "tile", "tiles",
+                                    "dispatch"})
+# A count of host threads, by its name (`max_threads`, `rpc_thread_num`, `num_io_threads`).
+_HOST_THREAD_WORDS = frozenset({"threads", "thread", "nthreads"})
+# A subscript that slices (`x[:, -(k - 1):]`, `kv[:, :, :, start:]`).
+_SLICE = re.compile(r"\[([^\[\]{}]*:[^\[\]{}]*)\]")
+# Creating a file or directory that may exist already, without a check before it: the check
+# and the creation raced between processes (`if not exists: makedirs` -> `exist_ok=True`).
+_CREATE_RACE = re.compile(r"\bexist_ok\s*=\s*True\b|\bO_EXCL\b|\bFileExistsError\b|"
+                          r"\bcreate_directories\s*\(|\bmkdir\s+-p\b")
+# A requirement with a version specifier, as a build recipe writes it (install_requires).
+_REQUIREMENT = re.compile(r"""["'][A-Za-z0-9][\w.\-\[\],]*\s*(?:===|[<>!~=]=|[<>])\s*"""
+                          r"""[\w.*+!]+(?:\s*,\s*(?:===|[<>!~=]=|[<>])\s*[\w.*+!]+)*\s*["']""")
+# Names of a memory-ordering mode (PCIe relaxed ordering, a relaxed consistency model).
+_ORDERING_WORDS = frozenset({"ordering", "relaxed"})
+# A read of a GPU value on the host: the host waits for the stream there.
+_HOST_READ = re.compile(r"\.(?:item|tolist)\(\s*\)")
+# A residual (skip) connection summed into the hidden state.
+_RESIDUAL = re.compile(r"(?i)\w*(?:residual|shortcut)\w*")
+# A test of the GPU's compute capability: which generations take a path.
+_CAPABILITY = re.compile(r"\b\w*device_capability\w*\b|\bcompute_capability\w*|"
+                         r"\b\w*prop\w*(?:\.|->)(?:major|minor)\b|"
+                         r"\bcudaDevAttrComputeCapability\w*|\bsm_version\b|\bcc_(?:major|minor)\b|"
+                         r"\b(?:is|has)_sm\d+\w*")
+_PRECISION_NAME = re.compile(r"(?i)fp8|fp16|bf16|int8|int4|fp4|tf32|float8|half|e4m3|e5m2|"
+                             r"quant")
+# A kernel's grid or threadgroup, declared by type or named as one.
+_GRID_DECL = re.compile(r"\b(?:dim3|MTL::Size|MTLSize|sycl::(?:nd_)?range\s*<\s*\d\s*>)\s+(\w+)")
+_GRID_WORDS = frozenset({"grid", "grids", "threadgroup", "threadgroups"})
+# Tying a buffer's life to GPU work still queued: it lives until the command buffer or stream
+# completes (MLX's add_temporary, PyTorch's record_stream, Metal's completion handlers).
+_LIFETIME = re.compile(r"\badd_temporar(?:y|ies)\s*\(|\brecord_stream\s*\(|"
+                       r"\baddCompletedHandler\b|\badd_completed_handler\s*\(|\bkeep_alive\w*\s*\(")
+_LIFETIME_HINT = re.compile(r"temporar|record_stream|ompleted|keep_alive")
+# A rank (not a tensor's `.rank()`): which process of a parallel group runs a line.
+_RANK = re.compile(r"(?<![.>])\b(?:\w*_rank|rank_\w*|rank|[a-z]\w*Rank\w*)\b(?!\s*\(\s*\))|"
+                   r"\bget_?\w*[Rr]ank\s*\(")
+# A lock held for the rest of a C++ scope.
+_LOCK_GUARD = re.compile(r"\b(?:std::)?(?:lock_guard|unique_lock|shared_lock|scoped_lock)\b|"
+                         r"\b(?:absl::)?(?:Reader|Writer)?MutexLock\b|\b\w*LockGuard\b|"
+                         r"\bpthread_(?:mutex|rwlock|spin)_\w*lock\s*\(")
+# Placements of a distributed tensor (DTensor, GSPMD): which ranks hold which part, and how
+# its gradients are summed.
+_PLACEMENT = re.compile(r"\w*(?:placements?|shardings?)\b|\b(?:Replicate|Shard|Partial)\s*\(|"
+                        r"\bredistribute\s*\(")
+_PLACEMENT_HINT = re.compile(r"lacement|harding|Replicate|Shard|Partial|redistribute")
+# A statement that is one call: `torch.use_deterministic_algorithms(True)`.
+_CALL_STATEMENT = re.compile(r"^\s*([\w.:>-]+)\s*\((.*)\)\s*;?\s*$")
+# Checks in a test: an exact one, and a bound (a difference within a slack).
+_BOUND = re.compile(r"\babs\s*\(|\bfabs\w*\s*\(|\b(?:EXPECT|ASSERT)_NEAR\b|\bassertAlmostEqual\b|"
+                    r"\bapprox\s*\(|\ballclose\b|\bisclose\b")
+_EXACT_CHECK = re.compile(r"==|\bassertEqual\b|\b(?:EXPECT|ASSERT)_(?:EQ|FLOAT_EQ|DOUBLE_EQ)\b|"
+                          r"\btorch\.equal\b|\barray_equal\b")
+_CHECKS = re.compile(r"\bassert|\b(?:EXPECT|ASSERT|CHECK)_|\bcheck\w*\(")
+# A tolerance table: `float grad_thresholds[N] = {`, `TOLS = {`, `tols = dict(`.
+_TABLE_START = re.compile(r"\b([A-Za-z_]\w*)\s*(?:\[[^\]=]*\]\s*)*(?::[^=\n]*)?=(?!=)\s*"
+                          r"(?:dict\(|[\[({])")
+_ALL_RULES = (PRECISION, ACCUMULATION, KERNEL, FAST_MATH, SYNC, THREADS, ATOMICS, LOCKS,
+              SERVING, LAUNCH, DEPLOY)
+
+
+def _seventh_round_hits(line: _Line, order: Order, kind: _File, hunk: Hunk) -> list[_Hit]:
+    """The seventh round's families on one changed line of code (see docs/risk.md): a
+    buffer's life tied to queued GPU work, a kernel's template sizes, a slice, a
+    check-then-create race, a build recipe's pins, a memory-ordering mode, a configuration's
+    defaults, a host read of a GPU value, a residual sum, a compute-capability test, a grid."""
+    code = line.code
+    if not code.strip() or _LOG_OR_RAISE.match(code):
+        return []
+    hits: list[_Hit] = []
+    if _LIFETIME_HINT.search(code) and _LIFETIME.search(code):  # moved counts: its place
+        hits.append((SYNC, CONCURRENCY, "changes how long a buffer lives against GPU work still "
+                     "queued (kept until the command buffer or stream completes): a buffer "
+                     "freed or reused under a running kernel"))
+    if _untouched(code, line):
+        return hits
+    seen = kind.changed is None or order in kind.changed
+    renamed = line.kin is not None and not _numbers_differ(line) and not _logic_differs(line)
+    name = line.target
+    words = set(_words_of(name)) if name else set()
+    low = code.lower()
+    if not kind.python and (kind.device or kind.risky) and "<" in code and (
+            _template_sizes_changed(line)):
+        hits.append((PRECISION, NUMERICS, "changes a kernel's compile-time sizes (template "
+                     "arguments: threads, items per thread, a chunk): how work is split, and "
+                     "so how a reduction is grouped"))
+    if kind.python and kind.risky and seen and not renamed and ":" in code and "[" in code and (
+            _slices(code) - _slices(line.other)):
+        hits.append((PRECISION, NUMERICS, "changes a slice (which dimension, which bound): "
+                     "which elements an operation reads or keeps"))
+    if not kind.test and ("exist" in code or "EXCL" in code or "create_dir" in code) and _new(
+            _CREATE_RACE, line):
+        hits.append((THREADS, CONCURRENCY, "changes how a file or directory is created when it "
+                     "may exist already: a check and a create that race between processes"))
+    if kind.build and any(not _untouched_raw(m.group(), line)
+                          for m in _REQUIREMENT.finditer(line.raw)):
+        hits.append((DEPLOY, PRODUCTION, "changes a dependency pin of the package "
+                     "(install_requires): which versions production installs with it"))
+    if words & _ORDERING_WORDS and not renamed and _value_changed(name or "", line):
+        hits.append((ATOMICS, CONCURRENCY, f"changes a memory-ordering mode ({name}): what "
+                     "other threads, devices or the NIC see of writes, and in which order"))
+    if name and not renamed and not kind.python and (
+            kind.configuration or "default" in words or set(
+                _words_of(_section_name(hunk.section))) & _CONFIGURATION_WORDS) and (
+            _assigned_anew(name, line, _LITERAL)):
+        hits.append((SERVING, PRODUCTION, f"changes a default of the service's configuration "
+                     f"({name}): how production runs when nobody sets it"))
+    if kind.python and kind.risky and ("item(" in code or "tolist(" in code) and _new(
+            _HOST_READ, line) and _host_reads_rewritten(line):
+        hits.append((SYNC, CONCURRENCY, "adds or removes a read of a GPU value on the host "
+                     "(.item(), .tolist()): where the host waits for the stream"))
+    if (kind.risky or kind.device) and ("residual" in low or "shortcut" in low) and "+" in code \
+            and not renamed and _RESIDUAL.search(code):
+        hits.append((ACCUMULATION, NUMERICS, "adds or removes a residual sum (a skip connection "
+                     "into the hidden state): the values every later layer computes on"))
+    if ("capab" in low or "major" in low or "minor" in low or "sm" in low) and not kind.test \
+            and not renamed and _CAPABILITY.search(code):
+        hits.append((SERVING, PRODUCTION, "changes a compute-capability test: which GPU "
+                     "generations production runs which path on"))
+        if _PRECISION_NAME.search(name or "") or _PRECISION_NAME.search(
+                _enclosing_name(hunk, order[1])):
+            hits.append((PRECISION, NUMERICS, "changes which GPUs take a precision path (int8, "
+                         "fp8): the precision values are computed in there"))
+    if not kind.device and not kind.test and "thread" in low and not renamed and (
+            _numbers_differ(line)) and any(set(_words_of(word)) & _HOST_THREAD_WORDS
+                                           for word in _NAME.findall(code)):
+        hits.append((THREADS, CONCURRENCY, "changes a count of host threads (a flag's default, "
+                     "a constant, a condition on it): what runs at once"))
+    grid = _GRID_DECL.search(code) if not kind.python else None
+    if (grid or words & _GRID_WORDS) and not renamed and not _DEF.match(code) and (
+            kind.device or kind.risky or grid) and _changes_a_value(line):
+        hits.append((PRECISION, NUMERICS, "changes a kernel's grid or threadgroup size: which "
+                     "elements get a thread (a tail left out or covered) and how a split "
+                     "reduction is grouped"))
+    return hits
+
+
+def _host_reads_rewritten(line: _Line) -> bool:
+    """Whether the other side reads GPU values on the host another way (``.item()`` per
+    element -> one ``.tolist()``): the host's waits re-batched, not a read of a CPU value
+    added."""
+    here = {m.group() for m in _HOST_READ.finditer(line.code)}
+    there = {m.group() for m in _HOST_READ.finditer(line.other)}
+    return bool(there) and here != there
+
+
+def _template_sizes_changed(line: _Line) -> bool:
+    """Whether a template's arguments (``launch<64, 4, T>``) differ from the same template's
+    on the other side, a number among them on either side."""
+    for match in _TEMPLATE_ARGUMENTS.finditer(line.code):
+        if not set(_words_of(match.group(1).rsplit("::", 1)[-1])) & _LAUNCH_TEMPLATE_WORDS:
+            continue
+        there = re.search(rf"\b{re.escape(match.group(1))}<([^<>;&|=]*)>", line.other)
+        if there is None:
+            continue
+        here, other = _squash(match.group(2)), _squash(there.group(1))
+        if here != other and (_NUMBER.search(here) or _NUMBER.search(other)):
+            return True
+    return False
+
+
+def _slices(text: str) -> set[str]:
+    """The slices of a line with their names blanked (a rename is no change)."""
+    return {_NAME.sub("x", "".join(m.group(1).split())) for m in _SLICE.finditer(text)}
+
+
+_STATEMENT_WORD = re.compile(r"^\s*(?:return|else|for|while|switch|case|do|throw|new|delete|"
+                             r"using|typedef|goto)\b")
+_FUNCTION_HEAD = re.compile(r"^\s*(?:async\s+def\s+|def\s+|[\w:<>*&,\s]+?[\s*&])"
+                            r"([A-Za-z_]\w*)\s*\([^;]*$")
+
+
+def _enclosing_name(hunk: Hunk, i: int) -> str:
+    """The function a hunk's line ``i`` is in, as far as the hunk shows it (its header or a
+    signature above the line); "" if none shows."""
+    for k in range(i - 1, -1, -1):
+        text = hunk.lines[k].text
+        head = _FUNCTION_HEAD.match(text)
+        if head and not _CONDITION.match(text) and not _STATEMENT_WORD.match(text):
+            return head.group(1)
+    head = _FUNCTION_HEAD.match(hunk.section)
+    return head.group(1) if head else hunk.section
+
+
+def _seventh_round_runs(lines: Sequence[_Line], h: int, hunk: Hunk, kind: _File,
+                        families: Families) -> Iterator[tuple[int, _Hit]]:
+    """The seventh round's families over a hunk's lines (see docs/risk.md): code inside a C++
+    lock guard's scope, a distributed tensor's placements, a condition on the rank over a
+    value; and what changes nothing: a setter's call dropped where the next statement calls
+    it again with the same value."""
+    text = "\n".join(line.code for line in lines)
+    if not kind.python and ("lock" in text or "Lock" in text) and _LOCK_GUARD.search(text):
+        yield from _critical_sections(lines)
+    if kind.python and _PLACEMENT_HINT.search(text):
+        for i in _placement_runs(lines):
+            yield i, (SYNC, CONCURRENCY, "changes how a distributed tensor is placed or its "
+                      "gradients reduced (placements: Partial, Replicate, Shard): which ranks "
+                      "meet, and what is summed")
+            yield i, (ACCUMULATION, NUMERICS, "changes a distributed tensor's placements: "
+                      "whether partial values are summed across ranks or one rank's kept")
+    if (kind.risky or kind.device) and ("rank" in text or "Rank" in text):
+        for i in _rank_conditions(lines):
+            yield i, (ACCUMULATION, NUMERICS, "changes which ranks compute or contribute a value "
+                      "(a condition on the rank): under tensor or data parallelism a term "
+                      "added on every rank, or on none, is summed that many times")
+    for i in _repeated_calls(lines):
+        families.give_way([(h, i)], *_ALL_RULES)
+        families.quiet.add((h, i))
+
+
+def _critical_sections(lines: Sequence[_Line]) -> Iterator[tuple[int, _Hit]]:
+    """The changed lines below a lock guard (``std::shared_lock lock(mtx_);``) and inside its
+    scope (up to the brace that closes the block it is declared in)."""
+    for side in (ADDED, REMOVED):
+        depth: int | None = None
+        for i, line in enumerate(lines):
+            if line.kind not in (CONTEXT, side):
+                continue
+            code = line.code
+            if depth is not None:
+                depth += code.count("{") - code.count("}")
+                if depth < 0:
+                    depth = None
+                    continue
+                if line.kind == side and code.strip() and not _untouched(code, line) and not (
+                        _LOG_OR_RAISE.match(code) or _NATIVE_LOG.match(code)):
+                    yield i, (LOCKS, CONCURRENCY, "changes code inside a critical section (a lock "
+                              "guard in scope above it): what it reads and writes other threads "
+                              "share, and whether a shared lock covers a write")
+            if _LOCK_GUARD.search(code):
+                depth = 0
+
+
+def _placement_runs(lines: Sequence[_Line]) -> list[int]:
+    """The changed lines of runs that touch a distributed tensor's placements: the run's
+    lines or the statement it sits in (the nearest line above it with less indentation)
+    name them."""
+    out: list[int] = []
+    for run in change_runs(lines):
+        changed = [k for k in run if lines[k].code.strip() and not _untouched(lines[k].code,
+                                                                               lines[k])]
+        if not changed:
+            continue
+        first = lines[run[0]].code
+        indent = len(first) - len(first.lstrip())
+        opener = ""
+        for k in range(run[0] - 1, -1, -1):
+            code = lines[k].code
+            if lines[k].kind == CONTEXT and code.strip() and len(code) - len(code.lstrip()) < (
+                    indent):
+                opener = code
+                break
+        if _PLACEMENT.search(opener) or any(_PLACEMENT.search(lines[k].code) for k in run):
+            out += changed
+    return out
+
+
+def _rank_conditions(lines: Sequence[_Line]) -> list[int]:
+    """The changed conditions on a rank (``if (tp && getCurRank() != 0)``) whose body (the
+    next lines of its side) assigns a value, not a collective's call or a log line."""
+    out: list[int] = []
+    for i, line in enumerate(lines):
+        if line.kind == CONTEXT or not _CONDITION.match(line.code) or not _RANK.search(
+                line.code) or _untouched(line.code, line) or not _logic_differs(line):
+            continue
+        body = [lines[k].code for k in range(i + 1, min(len(lines), i + 4))
+                if lines[k].kind in (CONTEXT, line.kind) and lines[k].code.strip()][:2]
+        if any(re.search(r"(?<![=!<>])=(?!=)", code) and not _COLLECTIVE.search(code)
+               and not _LOG_OR_RAISE.match(code) and not _NATIVE_LOG.match(code)
+               for code in body):
+            out.append(i)
+    return out
+
+
+def _repeated_calls(lines: Sequence[_Line]) -> list[int]:
+    """Removed calls whose next statement on the old side, kept, calls the same function with
+    the same arguments first (``use_deterministic_algorithms(True)`` before
+    ``use_deterministic_algorithms(True, warn_only=...)``): the kept call sets it again."""
+    out: list[int] = []
+    for i, line in enumerate(lines):
+        if line.kind != REMOVED:
+            continue
+        call = _CALL_STATEMENT.match(line.raw)
+        if call is None:
+            continue
+        following = next((k for k in range(i + 1, len(lines))
+                          if lines[k].kind != ADDED and lines[k].code.strip()), None)
+        if following is None or lines[following].kind != CONTEXT:
+            continue
+        kept = _call_of(lines, following)
+        prefix = _squash(f"{call.group(1)}({call.group(2)}")
+        if kept.startswith(prefix) and kept[len(prefix):len(prefix) + 1] in (",", ")"):
+            out.append(i)
+    return out
+
+
+def _bounds_exact_check(line: _Line) -> bool:
+    """An added check in a test that bounds a difference (``abs(a - b) < 10``, ``EXPECT_NEAR``)
+    where the other side checked exactly (``==``, ``EXPECT_EQ``)."""
+    code = line.code
+    return line.kind == ADDED and bool(_CHECKS.search(code)) and _new(_BOUND, line) and bool(
+        _EXACT_CHECK.search(line.other))
+
+
+def _tolerance_tables(lines: Sequence[_Line]) -> list[int]:
+    """The changed lines of a tolerance table (``float grad_thresholds[N] = {...}``, a
+    name with a tolerance word) whose numbers, in order, allow more somewhere on the new
+    side: a value loosened, or the table reordered so that an entry gets a larger one."""
+    text = "\n".join(line.code for line in lines)
+    if not _TOLERANCE_WORD.search(text):
+        return []
+    tables: dict[str, dict[str, tuple[list[float], list[int]]]] = {ADDED: {}, REMOVED: {}}
+    for side in (ADDED, REMOVED):
+        name, depth = "", 0
+        numbers: list[float] = []
+        rows: list[int] = []
+        for i, line in enumerate(lines):
+            if line.kind not in (CONTEXT, side):
+                continue
+            code = line.code
+            if not name:
+                start = _TABLE_START.search(code)
+                if start is None or not set(_words_of(start.group(1))) & _TOLERANCE_WORDS:
+                    continue
+                name, depth, numbers, rows = start.group(1), 0, [], []
+                code = code[start.end() - 1:]
+            depth += sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
+            numbers += [_value(m) for m in _NUMBER.findall(code)]
+            if line.kind == side:
+                rows.append(i)
+            if depth <= 0:
+                tables[side][name] = (numbers, rows)
+                name = ""
+    out: list[int] = []
+    for name, (new, rows) in tables[ADDED].items():
+        if name not in tables[REMOVED]:
+            continue
+        old, old_rows = tables[REMOVED][name]
+        if new != old and (len(new) != len(old) or any(
+                a > b for a, b in zip(new, old, strict=False))):
+            out += rows + old_rows
+    return out

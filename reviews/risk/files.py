@@ -95,7 +95,10 @@ _DEPLOYMENT: tuple[tuple[str, tuple[str, ...]], ...] = (
         "**/*.jenkinsfile", "azure-pipelines.yml",
         ".azure-pipelines/**", ".buildkite/**", ".travis.yml", "bitbucket-pipelines.yml",
         "**/cloudbuild.yaml", "**/cloudbuild.yml", ".drone.yml", "**/buildspec.yml",
-        "appveyor.yml", ".woodpecker.yml", ".woodpecker/**", ".tekton/**")),
+        "appveyor.yml", ".woodpecker.yml", ".woodpecker/**", ".tekton/**",
+        # A project's own CI folder: its job matrices (which GPU a job runs on, which
+        # projects it tests) and the scripts its jobs run (seventh round).
+        "ci/**", ".ci/**")),
     ("a container image build: what production runs", (
         "**/Dockerfile", "**/Dockerfile.*", "**/*.Dockerfile", "**/*.dockerfile",
         "**/Containerfile", "**/.dockerignore", "**/docker-bake.hcl")),
@@ -216,9 +219,16 @@ _DEPLOYMENT_RE = tuple((kind, _glob_regex(globs)) for kind, globs in _DEPLOYMENT
 _TOOLING_RE = _glob_regex(_TOOLING)
 
 
+# Prose: a page under a deployment folder documents deployment, it deploys nothing.
+_PROSE = (".md", ".markdown", ".rst", ".adoc", ".asciidoc", ".org")
+
+
 @lru_cache(maxsize=4096)
 def deployment_kind(path: str) -> str | None:
-    """What deployment artefact ``path`` is, as a phrase for a reason; None if it is none."""
+    """What deployment artefact ``path`` is, as a phrase for a reason; None if it is none (a
+    page of prose is none, whatever folder it sits in: docs/deployment/guide.md)."""
+    if path.lower().endswith(_PROSE):
+        return None
     lowered = _lower_dirs(path)
     for kind, regex in _DEPLOYMENT_RE:
         if regex.fullmatch(lowered) or regex.fullmatch(path):

@@ -2,8 +2,8 @@
 configuration. A deployment file is production on every changed line; elsewhere the line
 must name a serving setting, a launch flag or an entrypoint.
 
-Contract: ``deployment(change, kind)``, ``shell(change)`` and ``config(change, language)``
-return the findings of one file, each with its order key.
+Contract: ``deployment(change, kind)``, ``shell(change)``, ``config(change, language)`` and
+``install_pins(change)`` return the findings of one file, each with its order key.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from reviews.risk import files
 from reviews.risk.code import RAW
 from reviews.risk.config import key_paths, normal_key
-from reviews.risk.diff import ADDED, REMOVED, FileChange
+from reviews.risk.diff import ADDED, CONTEXT, REMOVED, FileChange
 from reviews.risk.environment import docker_normal, draws_or_rounds, runtime_changes
+from reviews.risk.findings import MAX_TEXT, Finding
 from reviews.risk.lexers import Lexed, lex_hash, lex_json
 from reviews.risk.lines import Changed, Ordered, changed_lines, finding, overlaps
 from reviews.risk.signatures import (
@@ -26,6 +27,7 @@ from reviews.risk.signatures import (
     LAUNCH,
     NUMERIC_KEY,
     PRECISION,
+    PRODUCTION,
     SERVING,
     SERVING_ENV,
     SERVING_KEY,
@@ -156,6 +158,43 @@ def shell(change: FileChange) -> list[Ordered]:
             if overlaps(item.change.spans, start, end):
                 out.append((item.order, finding(change, item, signature, text)))
                 break
+    pinned = {order for order, _ in out}
+    return out + [(order, f) for order, f in install_pins(change) if order not in pinned]
+
+
+_INSTALL_COMMAND = re.compile(r"\b(?:pip3?|uv\s+pip|uv|conda|mamba|micromamba|poetry|apt-get|apt|"
+                              r"yum|dnf|apk|brew|npm|cargo|gem)\s+(?:install|add)\b")
+
+
+def install_pins(change: FileChange) -> list[Ordered]:
+    """A script's install commands (seventh round): a changed ``pip install`` (``conda``,
+    ``apt-get``, ``uv add``, ...) line, or a line its backslash continues, that the other side
+    of the hunk does not hold as it is: which packages and versions CI or an image installs (a
+    pin added, moved or dropped: ``torch==2.11.0`` -> ``torch``). A test script's too: it pins
+    what CI verifies production against."""
+    out: list[Ordered] = []
+    for h, hunk in enumerate(change.hunks):
+        if not any("install" in line.text or " add " in line.text for line in hunk.lines):
+            continue
+        lexed = lex_hash([line.text for line in hunk.lines])
+        sides = {kind: {" ".join(lexed[i].raw.split()) for i, line in enumerate(hunk.lines)
+                        if line.kind == kind} for kind in (ADDED, REMOVED)}
+        for kind in (ADDED, REMOVED):
+            continued = False
+            for i, line in enumerate(hunk.lines):
+                if line.kind not in (CONTEXT, kind):
+                    continue
+                raw = lexed[i].raw
+                install = continued or bool(_INSTALL_COMMAND.search(raw))
+                continued = install and raw.rstrip().endswith("\\")
+                other = sides[REMOVED if kind == ADDED else ADDED]
+                if install and line.kind == kind and raw.strip() and (
+                        " ".join(raw.split()) not in other):
+                    out.append(((h, i), Finding(
+                        PRODUCTION, DEPLOY, "changes an install command's packages or pins "
+                        "(a version added, moved or dropped): what CI or an image installs, "
+                        "and so what production is built and verified with", change.path,
+                        line.number, line.text[:MAX_TEXT], line.kind, "")))
     return out
 
 

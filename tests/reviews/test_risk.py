@@ -1442,3 +1442,210 @@ def test_an_option_whose_non_default_branch_is_kept_is_a_change() -> None:
            "        return model(x)\n")
 
     assert NUMERICS in risk_classes(classify(unified("generate.py", old, new)))
+
+
+# --- The seventh round: what the sixth held-out set showed (docs/risk.md) --------------------
+# Each family on a spelling the corpus does not hold: another project's names, another
+# language where the family has one.
+
+SEVENTH_ROUND_RISKY = [
+    # A test's thresholds are tolerances (`float grad_thresholds[N]` in llm.c; a C++ test here).
+    pytest.param(unified("tests/attention_test.cpp",
+                         "double max_thresholds[3] = {1e-3, 2e-3, 5e-3};\n",
+                         "double max_thresholds[3] = {1e-3, 4e-3, 5e-3};\n"),
+                 [NUMERICS], id="a-c-threshold-array-loosened"),
+    # A tolerance table re-wrapped and reordered: an entry now gets a larger value.
+    pytest.param(unified("tests/softmax_test.cc",
+                         "const double eps_table[3] = {1e-6, 1e-4, 1e-3};\nrun(eps_table);\n",
+                         "const double eps_table[3] = {\n    1e-4, 1e-6,\n    1e-3};\n"
+                         "run(eps_table);\n"),
+                 [NUMERICS], id="a-tolerance-table-reordered"),
+    # An exact check made a bound (`==` -> `abs(a - b) < 10` in LMCache; gtest here).
+    pytest.param(unified("tests/codec_test.cc",
+                         "TEST(Codec, Size) {\n  EXPECT_EQ(out.size(), ref.size());\n}\n",
+                         "TEST(Codec, Size) {\n  EXPECT_NEAR(out.size(), ref.size(), 4);\n}\n"),
+                 [NUMERICS], id="an-exact-check-made-a-bound"),
+    # A kernel launch's template sizes (threads, items per thread).
+    pytest.param(hunk("src/kernels/rope_launch.cu",
+                      "void rope_dispatch(Params& p, cudaStream_t s) {",
+                      ["   if (p.dim <= 64) {",
+                       "-    rope_kernel_launch<128, 8, T>(p, s);",
+                       "+    rope_kernel_launch<256, 8, T>(p, s);",
+                       "   }"]),
+                 [NUMERICS], id="a-launch-templates-sizes"),
+    # A slice of a forward pass: which elements are kept.
+    pytest.param(hunk("rwkv/time_mix.py", "class TimeMix(nn.Module):",
+                      ["         xx = self.shift(x)",
+                       "-        xx = xx[:, 1:]",
+                       "+        xx = xx[:, :-1]",
+                       "         return xx"]),
+                 [NUMERICS], id="a-slice-in-a-module"),
+    # A check-then-create race closed (`exist_ok=True` in mamba; O_EXCL in C here).
+    pytest.param(unified("src/spool/lockfile.c",
+                         "int take(const char* p) {\n  return open(p, O_CREAT | O_WRONLY);\n}\n",
+                         "int take(const char* p) {\n"
+                         "  return open(p, O_CREAT | O_EXCL | O_WRONLY);\n}\n"),
+                 [CONCURRENCY], id="a-create-made-exclusive"),
+    pytest.param(unified("serving/cache_dir.py",
+                         "def prepare(d):\n    Path(d).mkdir(parents=True)\n",
+                         "def prepare(d):\n    Path(d).mkdir(parents=True, exist_ok=True)\n"),
+                 [CONCURRENCY], id="a-directory-created-if-absent"),
+    # Install commands: a conda pin dropped, a test script's pin changed.
+    pytest.param(unified("tools/setup_env.sh", "conda install -y cudnn=8.9 nccl\n",
+                         "conda install -y cudnn nccl\n"),
+                 [PRODUCTION], id="a-conda-pin-dropped"),
+    pytest.param(unified("tests/run_integration.sh",
+                         'uv pip install "jax==0.4.30"\npytest tests/\n',
+                         'uv pip install "jax>=0.4.30"\npytest tests/\n'),
+                 [PRODUCTION], id="a-test-scripts-pin"),
+    pytest.param(unified("setup.py",
+                         'setup(\n    name="kern",\n    install_requires=[\n'
+                         '        "flash-attn>=2.5",\n    ],\n)\n',
+                         'setup(\n    name="kern",\n    install_requires=[\n'
+                         '        "flash-attn>=2.5,<2.7",\n    ],\n)\n'),
+                 [PRODUCTION], id="a-requirement-bounded-in-setup-py"),
+    # A project's CI folder (its job matrix).
+    pytest.param(unified("ci/run_unit.sh", "ctest -L unit --output-on-failure\n",
+                         "ctest -L 'unit|gpu' --output-on-failure\n"),
+                 [PRODUCTION], id="a-ci-folders-script"),
+    # A memory-ordering mode's default.
+    pytest.param(unified("src/transport/rdma_context.cc",
+                         "static int relaxed_ordering = 0;\n",
+                         "static int relaxed_ordering = 1;\n"),
+                 [CONCURRENCY], id="a-relaxed-ordering-mode"),
+    # A default of the service's configuration: a field of its config file, a named default.
+    pytest.param(unified("src/store/store_config.h",
+                         "struct StoreConfig {\n  uint32_t eviction_interval_ms = 500;\n};\n",
+                         "struct StoreConfig {\n  uint32_t eviction_interval_ms = 1000;\n};\n"),
+                 [PRODUCTION], id="a-config-structs-default"),
+    pytest.param(unified("src/server/queue.cc", "static constexpr int kDefaultQueueDepth = 64;\n",
+                         "static constexpr int kDefaultQueueDepth = 128;\n"),
+                 [PRODUCTION], id="a-named-default"),
+    # Host reads of GPU values re-batched: one .tolist() for per-element .item() calls.
+    pytest.param(hunk("layers/moe_router.py", "def route(self, counts):",
+                      ["-        sizes = [int(c.item()) for c in counts]",
+                       "+        sizes = counts.tolist()",
+                       "         return sizes"]),
+                 [CONCURRENCY], id="host-reads-rebatched"),
+    # A residual sum into the hidden state.
+    pytest.param(hunk("layers/block.py", "def forward(self, h, shortcut):",
+                      ["-        h = self.mixer(h)",
+                       "+        h = self.mixer(h) + shortcut",
+                       "         return h"]),
+                 [NUMERICS], id="a-residual-sum"),
+    # A compute-capability test over a precision path.
+    pytest.param(hunk("src/gpu/caps.cc", "namespace gpu {",
+                      ["   bool supports_fp8(int dev) {",
+                       "     const auto& prop = props(dev);",
+                       "-    return prop.major >= 9;",
+                       "+    return prop.major > 8 || (prop.major == 8 && prop.minor >= 9);",
+                       "   }"]),
+                 [NUMERICS, PRODUCTION], id="a-capability-test-over-fp8"),
+    # A grid's size in host code: a ceil division covers the tail.
+    pytest.param(hunk("src/ops/scan_host.cpp", "void scan(Tensor& t, cudaStream_t s) {",
+                      ["-  dim3 blocks(n / 256);",
+                       "+  dim3 blocks((n + 255) / 256);",
+                       "   scan_kernel<<<blocks, 256, 0, s>>>(t.data(), n);"]),
+                 [NUMERICS], id="a-grid-rounded-up"),
+    # A buffer kept alive until the command buffer completes, now on one branch only.
+    pytest.param(hunk("backend/metal/conv.cpp", "void conv_general(Encoder& enc) {",
+                      ["   } else {",
+                       "     copies.push_back(make_copy(in));",
+                       "+    enc.add_temporaries(std::move(copies));",
+                       "   }",
+                       "-  enc.add_temporaries(std::move(copies));"]),
+                 [CONCURRENCY], id="a-temporarys-life"),
+    # Code inside a C++ critical section (a shared lock guarding a map's operator[]).
+    pytest.param(hunk("src/cache/registry.cc", "Entry* Registry::lookup(const Key& key) {",
+                      ["   std::shared_lock<std::shared_mutex> guard(mu_);",
+                       "-  auto& entry = table_[key];",
+                       "-  return entry.get();",
+                       "+  auto it = table_.find(key);",
+                       "+  return it == table_.end() ? nullptr : it->second.get();",
+                       " }"]),
+                 [CONCURRENCY], id="inside-a-lock-guard"),
+    # A distributed tensor's placements.
+    pytest.param(hunk("parallel/plan.py", "def tp_plan(model):",
+                      ["     out = ColwiseParallel(",
+                       "-        output_layouts=Replicate(),",
+                       "+        output_layouts=Shard(1),",
+                       "     )"]),
+                 [CONCURRENCY, NUMERICS], id="a-dtensor-placement"),
+    # A condition on the rank over a value (a bias added on one rank only).
+    pytest.param(hunk("layers/row_linear.py", "def forward(self, x):",
+                      ["         y = self.gemm(x)",
+                       "-        if dist.get_rank() > 0:",
+                       "+        if dist.get_rank() == 0:",
+                       "             y = y + self.bias",
+                       "         return y"]),
+                 [NUMERICS], id="a-rank-condition-over-a-bias"),
+    # A command-line default of a Rust service (clap's default_value_t).
+    pytest.param(unified("router/src/config.rs",
+                         "struct Args {\n    #[arg(long, default_value_t = 512)]\n"
+                         "    max_waiting: usize,\n}\n",
+                         "struct Args {\n    #[arg(long, default_value_t = 1024)]\n"
+                         "    max_waiting: usize,\n}\n"),
+                 [PRODUCTION], id="a-clap-default"),
+    # A function named as a kernel in CUDA source, its __global__ out of the hunk's sight.
+    pytest.param(hunk("csrc/rotary.cu", "void rotary_embedding_kernel(const float* x, float* y) {",
+                      ["-  y[i] = x[i] * c - x[j] * s;",
+                       "+  y[i] = x[i] * c + x[j] * s;"]),
+                 [NUMERICS], id="a-kernel-by-its-name"),
+    # A brace cast dropped from a byte offset (which width it is computed in).
+    pytest.param(hunk("src/kernels/gather_host.cc", "size_t offset_of(int64_t n, int elem) {",
+                      ["-  return n * int64_t{elem};",
+                       "+  return n * elem;"]),
+                 [NUMERICS], id="a-brace-cast"),
+    # In a lock's own code, a width is a ticket's: concurrency only.
+    pytest.param(hunk("include/sync/ticket_mutex.h", "class TicketMutex {",
+                      ["   void lock() {",
+                       '     asm volatile("" ::: "memory");',
+                       "-    uint16_t t = __atomic_fetch_add(&next_, 1, __ATOMIC_ACQUIRE);",
+                       "+    uint32_t t = static_cast<uint32_t>(",
+                       "+        __atomic_fetch_add(&next_, 1, __ATOMIC_ACQ_REL));",
+                       "   }"]),
+                 [CONCURRENCY], id="a-width-in-a-locks-code"),
+    # A count of host threads (a flag's default).
+    pytest.param(hunk("src/server/main_flags.cc", "namespace {",
+                      ["-DEFINE_uint32(io_threads, 8, \"I/O threads\");",
+                       "+DEFINE_uint32(io_threads, 16, \"I/O threads\");"]),
+                 [CONCURRENCY], id="a-host-thread-count"),
+]
+
+
+@pytest.mark.parametrize(("diff", "classes"), SEVENTH_ROUND_RISKY)
+def test_what_the_sixth_held_out_set_showed(diff: str, classes: list[str]) -> None:
+    assert risk_classes(classify(diff)) == classes
+
+
+SEVENTH_ROUND_HARMLESS = [
+    # A page of prose under a deployment folder documents; it deploys nothing.
+    pytest.param(unified("deployment/guides/scaling.md", "Default TTL: 5 s.\n",
+                         "Default TTL: 10 s.\n"), id="docs-in-a-deployment-folder"),
+    # A setter's call dropped where the next statement sets the same again.
+    pytest.param(hunk("train/env.py", "def configure():",
+                      ["-    torch.set_float32_matmul_precision(\"high\")",
+                       "     torch.set_float32_matmul_precision(\"high\")",
+                       "     return True"]),
+                 id="a-repeated-setter-dropped"),
+    # Chunks materialised: the same items, no size.
+    pytest.param(hunk("layers/kv_store.py", "def put(self, chunk_list):",
+                      ["+        chunk_list = list(chunk_list)",
+                       "         for c in chunk_list:",
+                       "             self.q.append(c)"]),
+                 id="chunks-materialised"),
+]
+
+
+@pytest.mark.parametrize("diff", SEVENTH_ROUND_HARMLESS)
+def test_what_the_sixth_held_out_set_showed_harmless_stays_harmless(diff: str) -> None:
+    assert classify(diff) == []
+
+
+def test_a_host_read_with_no_read_rewritten_is_no_wait() -> None:
+    # A seed drawn on the CPU and read with .item(): no GPU read is batched or unbatched.
+    diff = hunk("layers/dropout_seed.py", "def seed(self):",
+                ["+        s = int(torch.empty((), dtype=torch.int64).random_().item())",
+                 "         return s"])
+
+    assert CONCURRENCY not in risk_classes(classify(diff))
