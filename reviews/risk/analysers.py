@@ -31,6 +31,7 @@ from reviews.risk.code import (
 )
 from reviews.risk.diff import ADDED, CONTEXT, REMOVED, FileChange
 from reviews.risk.families import family_findings
+from reviews.risk.findings import MAX_TEXT, Finding
 from reviews.risk.lexers import lex_c, lex_python
 from reviews.risk.lines import Changed, Ordered, changed_lines, finding, whole
 from reviews.risk.signatures import (
@@ -87,7 +88,13 @@ def _analysers(change: FileChange, moves: MoveIndex | None,
     if language is None:
         return [((-1, -1), whole(change, UNCLASSIFIED, UNREADABLE,
                                  files.describe_unknown(path)))]
-    if language in (files.DOCS, files.META, files.DEPENDENCIES):
+    if language == files.DEPENDENCIES or (language == files.CONFIG_TOML
+                                          and path.lower().endswith("cargo.toml")):
+        pins = _dependency_pins(change, language == files.DEPENDENCIES)
+        if language == files.DEPENDENCIES:
+            return pins
+        return sorted(pins + production.config(change, language), key=lambda pair: pair[0])
+    if language in (files.DOCS, files.META):
         return []
     if language == files.FOREIGN:
         return _foreign(change)
@@ -164,6 +171,43 @@ def _foreign(change: FileChange) -> list[Ordered]:
         return sorted(out, key=lambda pair: pair[0])
     return [((-1, -1), whole(change, UNCLASSIFIED, UNREADABLE,
                              files.describe_unknown(change.path)))]
+
+
+# A requirement of a manifest: `torch==2.4`, `git+https://...@<commit>#egg=x`, `require x v1`;
+# in Cargo.toml a dependency's line (`cudarc = { version = "0.19.8", ... }`, `x = "1.2"`,
+# `git = ...`, `rev = ...`), not the package's own name, version or edition.
+_LOCK_FILE = re.compile(r"(?i)(?:\.lock|go\.sum|\.lock\.json)$")
+# Tooling's requirements (a linter, docs, tests): they install nothing production runs.
+_TOOLING_REQUIREMENTS = re.compile(r"(?i)(?:^|[/_.-])(?:dev|lint|docs?|tests?|testing|ci|"
+                                   r"format|style|typing|mypy|bench)(?:[/_.-]|$)")
+_CARGO_DEPENDENCY = re.compile(
+    r"^\s*(?!(?:name|version|edition|authors|description|license|readme|repository|homepage|"
+    r"documentation|keywords|categories|publish|resolver|members|exclude)\s*=)[\w-]+\s*=\s*"
+    r"(?:\{|\"[~^=<>]*\d)|^\s*(?:git|rev|tag|branch)\s*=\s*\"")
+_PIN_REASON = ("changes a dependency pin ({m}): the code production installs and runs, its "
+               "numerics and its threads")
+
+
+def _dependency_pins(change: FileChange, manifest: bool) -> list[Ordered]:
+    """Dependency pins (eighth round): a changed requirement of a requirements, constraints
+    or Pipfile/go.mod manifest, or a dependency's line of a Cargo.toml, is production: two
+    blind sets labelled such pins so (a git dependency pinned to a commit, a crate bumped).
+    Lock files stay unread: they are generated from the manifests, which are read."""
+    name = change.path.rsplit("/", 1)[-1]
+    if manifest and (_LOCK_FILE.search(change.path) or _TOOLING_REQUIREMENTS.search(name)):
+        return []
+    out: list[Ordered] = []
+    for h, hunk in enumerate(change.hunks):
+        for i, line in enumerate(hunk.lines):
+            text = line.text.strip()
+            if line.kind == CONTEXT or not text or text.startswith(("#", "//", "[")):
+                continue
+            if manifest or _CARGO_DEPENDENCY.match(line.text):
+                shown = text if len(text) <= 60 else text[:57] + "..."
+                out.append(((h, i), Finding(
+                    PRODUCTION, DEPLOY, _PIN_REASON.replace("{m}", shown), change.path,
+                    line.number, line.text[:MAX_TEXT], line.kind, "")))
+    return out
 
 
 def _run_start(item: Changed) -> tuple[int, int]:

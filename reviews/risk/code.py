@@ -23,6 +23,7 @@ from reviews.risk.signatures import (
     C_SIGNATURES,
     CONCURRENCY,
     ENTRYPOINT,
+    FAST_MATH,
     FAST_MATH_FLAGS,
     KERNEL,
     LAUNCH,
@@ -258,6 +259,27 @@ FOREIGN = SignatureSet((
               r"(?:\s*=\s*(?:\"[^\"]*\"|[\w.:-]+))?",
               "changes a serving setting or a command-line default ({m}): how the service runs "
               "when started", extend=False),
+    # Eighth round: GPU host code (candle's Metal backend): waits on queued work, command
+    # buffers, locks; fast math; masks and causality; the environment a switch reads.
+    Signature(SYNC, r"\b\w*(?:[Ww]ait_?[Uu]ntil|synchronize|flush_and_wait|_barrier|_fence|"
+              r"[Cc]ommand_?[Bb]uffer|command_queue)\w*|\.(?:commit|wait|sync)\s*\(|"
+              r"\b(?:encoder|blit)\.\w+\s*\(",
+              "changes how host code waits on or queues GPU work ({m}): what a readback sees, "
+              "which work it waits for"),
+    Signature(LOCKS, r"\.(?:lock|try_lock|read|write)\s*\(\s*\)",
+              "takes or releases a lock ({m}): what other threads see and wait for"),
+    Signature(FAST_MATH, r"\b\w*(?:MathMode|FastMath|fast_math|MathFloatingPoint)\w*",
+              "changes fast math ({m}): approximate transcendentals and reassociated sums"),
+    Signature(ACCUMULATION, r"\b\w*(?:causal|softmax|_mask|mask_|logsumexp)\w*",
+              "changes a mask, causality or a softmax ({m}): which scores count and how they "
+              "are normalised"),
+    Signature(PRECISION, r"\b\d+_?(?:u|i)(?:8|16|32|64|128|size)\b|"
+              r"\bas\s+(?:u|i)(?:8|16|32|64|128|size)\b",
+              "changes an integer's width ({m}): where an index, size or seed overflows or wraps",
+              extend=False),
+    Signature(LAUNCH, r"\b(?:std::)?env::var\w*\s*\(|\bos\.(?:Getenv|LookupEnv)\s*\(|"
+              r"\b\w*(?:get_env|getenv|env_var)\w*\s*\(\s*\"",
+              "reads an environment variable ({m}): a switch set where production is launched"),
     Signature(PRECISION, r"\bDType::\w+|\b(?:f16|bf16)\b|\bf(?:16|32|64)::(?:MIN|MAX|EPSILON|"
               r"NEG_INFINITY|INFINITY|MIN_POSITIVE)\b|\bto_dtype\b|-65504",
               "changes a dtype or a type's limit ({m}): the precision or range values are "

@@ -448,6 +448,10 @@ _C_FAST_MATH = (
 )
 
 C_SIGNATURES: tuple[Signature, ...] = (
+    Signature(SERVING, r"\b\w*(?:modify|[Ss]et|put|[Oo]verride)\w*\s*\((?:[^()\"]*,\s*)?\s*\"[A-Z]"
+              r"[A-Z0-9]*_[A-Z0-9_]+\"\s*,[^;]*",
+              "sets a runtime or transport setting through a configuration call ({m}): how "
+              "production runs", raw=True),
     Signature(KERNEL, r"<<<[^;]*>>>",
               "changes a kernel launch configuration ({m}): grid and block sizes set how work "
               "and reductions are split"),
@@ -621,6 +625,27 @@ C_CONCURRENCY: tuple[Signature, ...] = (
               r"ggml_cuda_pdl_sync|griddepcontrol\w*|cudaGridDependencySynchronize",
               "changes a barrier between GPU threads ({m}): without it threads race on "
               "shared memory"),
+    # Eighth round: a project's own barrier (composable_kernel's `block_sync_lds()`, a
+    # `group_barrier()`): a call named `sync` or `barrier` as a snake_case word; not a warp
+    # shuffle or vote (`__shfl_xor_sync`), whose names start with two underscores.
+    Signature(SYNC, r"(?<![\w.>:])(?!__)(?:[A-Za-z]\w*_)?(?:sync|barrier)(?:_\w+)?\s*\(\s*\)",
+              "changes a barrier between GPU threads ({m}): without it threads race on "
+              "shared memory"),
+    # Eighth round: a timeout spelled as a duration type (`std::chrono::duration<double,
+    # std::milli>(6000.0)`, `std::chrono::seconds(5)`, `absl::Seconds(5)`).
+    Signature(THREADS, r"\bstd::chrono::(?:duration\s*<[^;]*?>|\w*seconds|minutes|hours)\s*[({]|"
+              r"\babsl::(?:Seconds|Milliseconds|Microseconds|Minutes)\s*\(",
+              "changes a duration ({m}): how long a thread waits before it gives up or polls "
+              "again"),
+    # Eighth round: a transport's setting set through a configuration call
+    # (`config.modify("RC_FENCE", "none")`, `ucp_config_modify(cfg, "TLS", "rc")`); a key
+    # whose words say fence, ordering, threads, sync, locks or atomics decides what waits.
+    Signature(SYNC, r"\b\w*(?:modify|[Ss]et|put|[Oo]verride)\w*\s*\((?:[^()\"]*,\s*)?\s*"
+              r"\"[A-Z0-9_]*"
+              r"(?:FENCE|ORDER|ORDERING|THREAD|THREADS|THREADING|SYNC|LOCK|ATOMIC|ATOMICS|"
+              r"PROGRESS|BLOCKING|WAIT)(?:_[A-Z0-9_]*)?\"",
+              "sets a transport's ordering or threading ({m}): what a peer sees and when",
+              raw=True),
     # The current device is a host thread's own: a worker thread starts on device 0.
     Signature(THREADS, r"\b(?:cuda|hip)SetDevice\b",
               "changes which device a host thread works on ({m}): each thread has its own "

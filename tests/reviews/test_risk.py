@@ -1649,3 +1649,94 @@ def test_a_host_read_with_no_read_rewritten_is_no_wait() -> None:
                  "         return s"])
 
     assert CONCURRENCY not in risk_classes(classify(diff))
+
+
+# --- The eighth round: what the seventh held-out set showed (docs/risk.md) --------------------
+# Each case spells its family in a way the corpus does not hold, and fails without the rule.
+
+EIGHTH_ROUND_RISKY = [
+    # Dependency pins: a requirement of a service's requirements file, pinned anew.
+    pytest.param(unified("serving/requirements-gpu.txt", "vllm>=0.5\nxformers\n",
+                         "vllm==0.6.3\nxformers\n"),
+                 [PRODUCTION], id="a-requirement-pinned"),
+    # A crate's git dependency pinned to a commit in a Cargo.toml.
+    pytest.param(unified("router/Cargo.toml", "[dependencies]\ntokio = \"1\"\n"
+                         "hf-hub = { git = \"https://github.com/x/hf-hub\" }\n",
+                         "[dependencies]\ntokio = \"1\"\n"
+                         "hf-hub = { git = \"https://github.com/x/hf-hub\", rev = \"ab12cd\" }\n"),
+                 [PRODUCTION], id="a-cargo-git-dependency-pinned"),
+    # Metal host code in Go (no analyser): a wait on a command buffer added.
+    pytest.param(unified("gpu/metal/readback.go",
+                         "func Read(cb *CommandBuffer) []float32 {\n\treturn copyOut(cb)\n}\n",
+                         "func Read(cb *CommandBuffer) []float32 {\n\tcb.WaitUntilCompleted()\n"
+                         "\treturn copyOut(cb)\n}\n"),
+                 [CONCURRENCY], id="a-go-wait-until-completed"),
+    # Rust host code: a causal flag given another value.
+    pytest.param(unified("src/attention/flash.rs",
+                         "fn run(a: &Args) {\n    let is_causal = a.causal;\n}\n",
+                         "fn run(a: &Args) {\n"
+                         "    let is_causal = a.causal && a.mask.is_none();\n}\n"),
+                 [NUMERICS], id="a-rust-causal-flag"),
+    # Rust host code: fast math switched through a compile option.
+    pytest.param(unified("src/backend/compile.rs",
+                         "fn opts(o: &Options) {\n    o.set_opt_level(3);\n}\n",
+                         "fn opts(o: &Options) {\n    o.set_opt_level(3);\n"
+                         "    o.set_fast_math_enabled(false);\n}\n"),
+                 [NUMERICS], id="a-rust-fast-math-option"),
+    # Rust host code: a lock taken around a readback.
+    pytest.param(unified("src/backend/device.rs",
+                         "fn read(&self) -> Vec<f32> {\n    self.copy_out()\n}\n",
+                         "fn read(&self) -> Vec<f32> {\n    let _g = self.queue.lock();\n"
+                         "    self.copy_out()\n}\n"),
+                 [CONCURRENCY], id="a-rust-lock-around-a-readback"),
+    # Rust host code: an environment switch read.
+    pytest.param(unified("src/backend/flags.rs",
+                         "fn tf32() -> bool {\n    true\n}\n",
+                         "fn tf32() -> bool {\n    std::env::var(\"MY_TF32\").is_ok()\n}\n"),
+                 [PRODUCTION], id="a-rust-env-switch"),
+    # A project's own barrier in a header with no device marks in sight.
+    pytest.param(unified("include/mylib/ops/block_reduce.hpp",
+                         "    Reduce(buf, v);\n    Store(out, v);\n",
+                         "    Reduce(buf, v);\n    wg_sync_shared();\n    Store(out, v);\n"),
+                 [CONCURRENCY], id="a-projects-own-barrier"),
+    # A timeout spelled as a duration type.
+    pytest.param(unified("src/cpu_comm.cpp",
+                         "    if (waited > std::chrono::seconds(5)) abort_wait();\n",
+                         "    if (waited > std::chrono::seconds(30)) abort_wait();\n"),
+                 [CONCURRENCY], id="a-chrono-timeout"),
+    # A transport setting set through a configuration call; ordering words make it
+    # concurrency too.
+    pytest.param(unified("src/transport/ucx_ctx.cc",
+                         "    cfg.set(\"NUM_EPS\", \"4\");\n",
+                         "    cfg.set(\"NUM_EPS\", \"4\");\n"
+                         "    cfg.set(\"TM_THREAD_MODE\", \"multi\");\n"),
+                 [CONCURRENCY, PRODUCTION], id="a-transport-threading-set-by-call"),
+    pytest.param(unified("src/transport/ucx_ctx.cc",
+                         "    cfg.set(\"NUM_EPS\", \"4\");\n",
+                         "    cfg.set(\"NUM_EPS\", \"8\");\n"),
+                 [PRODUCTION], id="a-transport-setting-set-by-call"),
+]
+
+
+@pytest.mark.parametrize(("diff", "classes"), EIGHTH_ROUND_RISKY)
+def test_what_the_seventh_held_out_set_showed(diff: str, classes: list[str]) -> None:
+    assert risk_classes(classify(diff)) == classes
+
+
+EIGHTH_ROUND_HARMLESS = [
+    # A linter's pin in a tooling requirements file installs nothing production runs.
+    pytest.param(unified("requirements/lint.txt", "black==23.1\n", "black==24.3\n"),
+                 id="a-linters-pin"),
+    # A lock file is generated from the manifest, which is read.
+    pytest.param(unified("Cargo.lock", "version = \"0.19.4\"\n", "version = \"0.19.8\"\n"),
+                 id="a-lock-file"),
+    # A Cargo.toml's own version is a release, not a dependency.
+    pytest.param(unified("crate/Cargo.toml", "[package]\nversion = \"0.1.0\"\n",
+                         "[package]\nversion = \"0.1.1\"\n"),
+                 id="a-packages-own-version"),
+]
+
+
+@pytest.mark.parametrize("diff", EIGHTH_ROUND_HARMLESS)
+def test_what_the_seventh_held_out_set_showed_harmless_stays_harmless(diff: str) -> None:
+    assert classify(diff) == []
