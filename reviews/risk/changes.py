@@ -52,8 +52,11 @@ Renamed = Callable[[str, str], bool]
 
 def changed_tokens(lines: Sequence[DiffLine], lexed: Sequence[Lexed],
                    significant: Callable[[str], bool] | None,
-                   renamed: Renamed = lambda old, new: True) -> dict[int, LineChange]:
-    """The changed tokens of every changed line of one hunk (see the module docstring)."""
+                   renamed: Renamed = lambda old, new: True, *,
+                   declarations: bool = True) -> dict[int, LineChange]:
+    """The changed tokens of every changed line of one hunk (see the module docstring).
+    ``declarations``: whether the language declares parameters by name (`f(int n)`); a shell
+    or build file's arguments are all values (`add_compile_options(-DA -DB)`)."""
     out: dict[int, LineChange] = {}
     if significant is not None and (_hunk_inlined(lines, lexed) or hoisted_default(
             lines, lexed)):
@@ -61,7 +64,7 @@ def changed_tokens(lines: Sequence[DiffLine], lexed: Sequence[Lexed],
     for run in change_runs(lines):
         removed = [k for k in run if lines[k].kind != ADDED]
         added = [k for k in run if lines[k].kind == ADDED]
-        _compare(removed, added, lexed, significant, renamed, out)
+        _compare(removed, added, lexed, significant, renamed, out, declarations)
     return out
 
 
@@ -102,7 +105,7 @@ _OPERAND_KEYWORDS = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | 
     "return", "sizeof", "case", "goto", "new", "delete", "throw", "co_await", "co_return"}
 
 
-def normal_tokens(tokens: Sequence[_Tok]) -> list[str]:
+def normal_tokens(tokens: Sequence[_Tok], declarations: bool = True) -> list[str]:
     """The texts of a run's tokens less what compiles to the same: `NULL` is `nullptr`, an
     empty statement (the second `;` of `;;` ending a line) is nothing, and a parameter's name
     in a declaration (a name right after a type's name, before `,` or `)`:
@@ -115,7 +118,8 @@ def normal_tokens(tokens: Sequence[_Tok]) -> list[str]:
             text = "nullptr"
         elif text == ";" and out and out[-1] == ";" and (i + 1 == n or tokens[i + 1][0] != k):
             continue
-        elif (token.kind == NAME and 0 < i < n - 1 and tokens[i + 1][1].text in (",", ")")
+        elif (declarations and token.kind == NAME and 0 < i < n - 1
+              and tokens[i + 1][1].text in (",", ")") and text.isidentifier()
               and tokens[i - 1][0] == k == tokens[i + 1][0]):
             before = tokens[i - 1][1]
             if before.kind == NAME and before.text not in _OPERAND_KEYWORDS:
@@ -126,7 +130,7 @@ def normal_tokens(tokens: Sequence[_Tok]) -> list[str]:
 
 def _compare(removed: list[int], added: list[int], lexed: Sequence[Lexed],
              significant: Callable[[str], bool] | None, renamed: Renamed,
-             out: dict[int, LineChange]) -> None:
+             out: dict[int, LineChange], declarations: bool = True) -> None:
     if not removed or not added:
         # New or deleted lines only: every token changed. No tokens need making (most of
         # a 10,000-line new file is this).
@@ -137,7 +141,8 @@ def _compare(removed: list[int], added: list[int], lexed: Sequence[Lexed],
     new = [(k, t) for k in added for t in lexed[k].tokens]
     old_text = [t.text for _, t in old]
     new_text = [t.text for _, t in new]
-    if old_text == new_text or normal_tokens(old) == normal_tokens(new) or (
+    if old_text == new_text or normal_tokens(old, declarations) == normal_tokens(
+            new, declarations) or (
             significant is not None and _is_rename(
             old, new, significant, renamed)) or (
             ("{" in old_text or "{" in new_text or "}" in old_text or "}" in new_text)

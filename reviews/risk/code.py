@@ -180,6 +180,11 @@ def analyse_code(change: FileChange, lexer: Callable[[Sequence[str]], list[Lexed
         if extra is not None:
             for signature, text in extra(item):  # a callable, not QuerySet.extra  # nosec B610
                 hits.setdefault(signature.rule, (signature, text))
+        if SYNC in hits and _only_getters(item.lexed.code, hits[SYNC][0]):
+            del hits[SYNC]  # `get_fp32_allreduce()` reads a setting; it runs no collective
+        if item.context.kernel and lexer is not lex_python and _exits_before_barrier(
+                change, item):
+            hits.setdefault(SYNC, (_EXIT_BEFORE_BARRIER, ""))
         _drop_weak(hits)
         if KERNEL in hits and only_stream_changed(item.lexed.code, item.change.spans):
             del hits[KERNEL]  # the launch's stream is ordering, not its grid
@@ -318,6 +323,58 @@ def only_stream_changed(code: str, spans: Sequence[tuple[int, int]]) -> bool:
     return all(stream <= a and b <= end for a, b in spans)
 
 
+# Eighth round: a getter or predicate named after a collective, called with no arguments
+# (`get_fp32_allreduce()`, `use_fused_all_gather()`, `is_allreduce_enabled()`) reads a setting.
+_GETTER = re.compile(r"\b(?:get|is|use|has|should|enable|enabled)_\w+\s*\(\s*\)|"
+                     r"\b\w+_(?:enabled|disabled)\s*\(\s*\)")
+_COLLECTIVE_REASON = "changes a collective or distributed step"
+
+
+def _only_getters(code: str, signature: Signature) -> bool:
+    """Whether a collective's finding rests on getters only: with every getter call taken out
+    the line holds no collective's name any more."""
+    if not signature.reason.startswith(_COLLECTIVE_REASON) or "_" not in code:
+        return False
+    collective = _compiled(signature.pattern)
+    bare = _GETTER.sub(lambda m: " " if collective.search(m.group()) else m.group(), code)
+    return bare != code and not collective.search(bare)
+
+
+@lru_cache(maxsize=64)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+# Eighth round: an exit (`return;`, `if (i >= n) return;`) added, removed or moved in a kernel
+# above a barrier or a block-wide reduction in the same hunk: the threads that leave never
+# reach it, and the block deadlocks or reads what they did not write. A barrier may sit inside
+# a helper (`BlockReduce`, `block_reduce_sum(v)`, `compute_max<..>(v, n)`).
+_EXIT = re.compile(r"^\s*(?:\}\s*)?(?:(?:else\s+)?if\s*\(.*\)\s*\{?\s*)?return\b")
+_BARRIER_AFTER = re.compile(r"__syncthreads|__syncwarp|\bbarrier\b|_barrier\s*\(|\bsync\w*\s*\(|"
+                            r"\w*_sync\s*\(|\bbar\.sync\b|\w*[Bb]lock_?[Rr]educe\w*|"
+                            r"\b[Bb]lock\w*(?:Sum|Max|Min|Reduce)\w*\s*[<(]|"
+                            r"\b\w*(?:reduce|_max|_min|_sum)\w*\s*(?:<[^;()]*>)?\s*\(")
+_EXIT_BEFORE_BARRIER = Signature(
+    SYNC, "", "adds, removes or moves an exit above a barrier or a block-wide reduction: the "
+              "threads that return never reach it, and the block deadlocks or reads values "
+              "they did not write")
+
+
+def _exits_before_barrier(change: FileChange, item: Changed) -> bool:
+    if "return" not in item.lexed.code or not _EXIT.match(item.lexed.code):
+        return False
+    h, i = item.order
+    for later in change.hunks[h].lines[i + 1:]:
+        text = later.text.strip()
+        if later.kind != REMOVED and text and not text.startswith(("//", "/*", "*")) and (
+                _BARRIER_AFTER.search(text)):
+            return True
+    return False
+
+
+_DEBUG_ASSERT = re.compile(r"^\s*(?:assert|DCHECK\w*|\w*ASSERT\w*_DEBUG_ONLY|\w*_DASSERT)\s*\(")
+
+
 def _drop_weak(hits: Hits) -> None:
     """A weak signature (an accumulator's name, a small constant) goes when another class
     explains the line: `atomicAdd(&sum, x)` is an atomic, `time.sleep(1e-3)` a wait."""
@@ -337,6 +394,8 @@ def _add_context_rules(item: Changed, hits: Hits,
         return  # a compiler hint; a signature (its parameters' changes show in the body)
     if _HANDLER.match(item.lexed.code):
         return  # which errors are caught (`except:` -> `except (ImportError, ...):`)
+    if not python and _DEBUG_ASSERT.match(item.lexed.code):
+        return  # a debug assertion, compiled out of release builds (eighth round)
     categories = {sig.category for sig, _ in hits.values()}
     context = item.context
     name = f"`{context.function}`" if context.function else "the function"

@@ -357,6 +357,11 @@ _DEVICE_PATH = re.compile(r"(?i)(?:^|/)(?:kernels?|fmha|collective|epilogue|cutl
 # be out of the hunk's sight.
 _DSL_PATH = re.compile(r"(?i)(?:^|/)(?:cutedsl|cute_dsl|gluon)/")
 # A log statement of C and C++ (a macro, printf, a stream to std::cerr).
+# Eighth round: a debug assertion (`assert(...)`, `DCHECK_LT(...)`, `TORCH_INTERNAL_ASSERT_DEBUG_
+# ONLY(...)`) is compiled out of release builds (NDEBUG): a width or cast inside it changes no
+# value production computes.
+_DEBUG_ASSERT = re.compile(r"^\s*(?:assert|DCHECK\w*|\w*ASSERT\w*_DEBUG_ONLY|GGML_DEBUG_ASSERT|"
+                           r"\w*_DASSERT)\s*\(")
 _NATIVE_LOG = re.compile(r"^\s*(?:[\w:]*LOG\w*|[\w:]*Log\w*|printf|fprintf|std::(?:cerr|cout|"
                          r"clog)|spdlog::\w+)\b\s*(?:\(|<<)")
 _NATIVE_BRANCH = re.compile(r"^(\s*)(?:\}\s*)?(?:else\s+)?(?:if\s*\((?:[^()]|\w*VERSION\w*"
@@ -546,7 +551,8 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
             moved = moves is not None and moves.elsewhere(change.path, hunk.lines[i])
             if kind.risky and not hits and not moved and i not in logged and (
                     order not in families.quiet) and (
-                    kind.changed is None or order in kind.changed) and _changes_a_value(line):
+                    kind.changed is None or order in kind.changed) and _changes_a_value(line) and (
+                    not _DEBUG_ASSERT.match(line.code)):
                 unsure.append((order, _finding(
                     change, hunk.lines[i], UNSURE, UNCLASSIFIED,
                     "changes a number, boolean, condition, dtype, call argument or environment "
@@ -1765,7 +1771,7 @@ _ORDERED_MEMORY = re.compile(r"\batomic\w*|__threadfence|\bvolatile\b|\bld\.acqu
 # `custom_all_reduce(...)`, ThunderKittens' `multimem<bf16_2>::ld_reduce<OP>(...)`): what it
 # sends or receives, into which buffer, which ranks meet.
 _COLLECTIVE_CALL = re.compile(
-    r"\b(?:(?:tp|dp|pp|ep|cp|sp|mp)_\w*(?:gather|reduce|broadcast|scatter|all_?to_?all|send|"
+    r"\b(?!(?:get|is|use|has|should|enable)_\w+\s*\(\s*\))(?:(?:tp|dp|pp|ep|cp|sp|mp)_\w*(?:gather|reduce|broadcast|scatter|all_?to_?all|send|"
     r"recv)\w*|(?![\w]*(?:warp|Warp|WARP|block|Block|BLOCK|cta|wave|lane|simd|subgroup))"
     r"\w*(?:all_?gather|all_?reduce|reduce_?scatter|all_?to_?all|AllGather|AllReduce|"
     r"ReduceScatter)\w*)\s*(?:<[^<>()]*>)?\s*\(|\bmultimem\s*<[^<>()]*>\s*::\s*\w+")
@@ -1842,7 +1848,7 @@ def _sixth_round_hits(line: _Line, order: Order, kind: _File,
     layout = kind.python and kind.risky and seen and any(word in low for word in _DIM_WORDS)
     build = kind.build and _BUILD_CONDITION.match(code)
     if not (widths or flags or collective or layout or build) or not code.strip() or (
-            _untouched(code, line) or _LOG_OR_RAISE.match(code)):
+            _untouched(code, line) or _LOG_OR_RAISE.match(code) or _DEBUG_ASSERT.match(code)):
         return []
     hits: list[_Hit] = []
     if widths and _new(_INT_WIDTH, line):

@@ -17,7 +17,7 @@ from reviews.risk.changes import LineChange, bound_names, change_runs, changed_t
 from reviews.risk.context import Context
 from reviews.risk.diff import ADDED, CONTEXT, REMOVED, DiffLine, FileChange, Hunk
 from reviews.risk.findings import MAX_TEXT, Finding
-from reviews.risk.lexers import Lexed, lex_python
+from reviews.risk.lexers import Lexed, lex_hash, lex_python
 from reviews.risk.signatures import RULE_CATEGORY, Signature, SignatureSet
 
 Ordered = tuple[tuple[int, int], Finding]
@@ -65,7 +65,8 @@ def changed_lines(change: FileChange, lexer: Callable[[Sequence[str]], list[Lexe
     out: list[Changed] = []
     for h, (hunk, (lexed, context, imported)) in enumerate(zip(change.hunks, sides,
                                                                 strict=True)):
-        changes = changed_tokens(hunk.lines, lexed, significant, renamed)
+        changes = changed_tokens(hunk.lines, lexed, significant, renamed,
+                                 declarations=lexer is not lex_hash)
         if python:
             _drop_annotation_changes(hunk.lines, lexed, context, changes)
         for i, line_change in sorted(changes.items()):

@@ -56,6 +56,18 @@ _LINKED = re.compile(r"\b(?:target_link_libraries|link_libraries|target_link_dir
                      r"(?<![\w-])-l(?!ineinfo)[A-Za-z][\w+:.-]*|(?<![\w-])-L\S+|"
                      r"\.(?:so|a|lib|dylib)\b")
 _FAST_MATH = re.compile(FAST_MATH_FLAGS.pattern)
+# Eighth round: an instruction-set flag (`-mfma`, `-mavx512f`, `-march=native`, `/arch:AVX2`):
+# which instructions the binary holds and which machines run it (production); `-mfma` lets
+# the compiler fuse multiplies and adds as well (numerics, read as a fast-math flag).
+_ISA_FLAG = re.compile(r"(?<![\w-])(?:-m(?:no-)?(?:fma4?|avx\w*|sse\d\w*|f16c|bmi2?|amx\w*)"
+                       r"(?![\w-])|-m(?:arch|cpu|tune)=\S+|/arch:\w+)")
+# Eighth round: a macro defined for the compiler (`-DDISABLE_AGGRESSIVE_ATOMIC`,
+# `add_compile_definitions(USE_SPIN_LOCK)`) whose name says atomics, fences, locks, barriers,
+# threads or ordering switches how the compiled code synchronises: concurrency.
+_SYNC_DEFINE = re.compile(r"(?:(?<![\w-])-D|\bcompile_definitions\s*\([^)]*?\b)"
+                          r"([A-Z0-9_]*(?:ATOMIC|ATOMICS|FENCE|FENCES|SYNC|LOCK|LOCKS|LOCKFREE|"
+                          r"MUTEX|THREAD|THREADS|THREADING|BARRIER|BARRIERS|ORDER|ORDERING)"
+                          r"(?:_[A-Z0-9_]*)?)\b")
 _OPTION_LINE = re.compile(r"^\s*--[A-Za-z][\w-]*(?:[=\s]|$)")
 
 
@@ -149,6 +161,12 @@ def shell(change: FileChange) -> list[Ordered]:
             change, item, sides[item.order[0]][REMOVED if item.line.kind == ADDED else ADDED])
         other = sides[item.order[0]][REMOVED if item.line.kind == ADDED else ADDED]
         reason = _launch_reason(raw, launch_script, entrypoints.get(item.order[0]), build)
+        define = _SYNC_DEFINE.search(raw)
+        if define and overlaps(item.change.spans, *define.span(1)):
+            out.append((item.order, finding(change, item, Signature(
+                THREADS, "", f"defines {define.group(1)} for the compiler: a macro that "
+                             "switches how the compiled code synchronises (atomics, fences, "
+                             "locks or threads)"), "")))
         if reason.startswith(_FLAGS_REASON) and _only_fast_math(raw, other):
             reason = ""  # the flags differ by a fast-math one: numerics, read below
         if reason:
@@ -224,6 +242,10 @@ def _launch_reason(raw: str, launch_script: bool, entrypoint: str | None,
     arch = _GPU_ARCH.search(raw)
     if arch:
         return f"changes the GPU architectures a build compiles for ({arch.group()})"
+    isa = _ISA_FLAG.search(raw) if build else None
+    if isa and not _FAST_MATH.search(_ISA_FLAG.sub(" ", raw)):
+        return f"changes the instruction set a build targets ({isa.group()}): the " \
+               "instructions of the binary production runs and the machines that can run it"
     # A fast-math flag is numerics only (the RAW signatures read it).
     flags = _COMPILER_FLAGS.search(raw) if build and not _FAST_MATH.search(raw) else None
     if flags:

@@ -448,6 +448,12 @@ _C_FAST_MATH = (
 )
 
 C_SIGNATURES: tuple[Signature, ...] = (
+    # Eighth round: a count rounded up (`ceilDiv(n, POOL)`, `DIV_ROUND_UP`, `cdiv`, `div_up`)
+    # where it was rounded down, or back: whether a last partial block counts.
+    Signature(PRECISION, r"\b(?:[Cc]eil_?[Dd]iv|CEIL_DIV|cdiv|"
+              r"DIV_ROUND_UP|[Dd]iv_?[Uu]p|DIV_UP|iDivUp|round_up_div)\s*(?:<[^<>()]*>)?\s*\(",
+              "rounds a count up or down anew ({m}): whether a last partial block or token "
+              "counts, the sizes and sums computed over them", extend=False),
     Signature(SERVING, r"\b\w*(?:modify|[Ss]et|put|[Oo]verride)\w*\s*\((?:[^()\"]*,\s*)?\s*\"[A-Z]"
               r"[A-Z0-9]*_[A-Z0-9_]+\"\s*,[^;]*",
               "sets a runtime or transport setting through a configuration call ({m}): how "
@@ -501,7 +507,8 @@ FAST_MATH_FLAGS = Signature(
     r"(?i:(?:-{1,2}(?:use[_-]fast[_-]math|f?fast[_-]math|fno-fast-math|ffp-contract"
     r"(?:=\w+)?|fp-contract(?:=\w+)?|funsafe-math-optimizations|fassociative-math"
     r"|freciprocal-math|ffinite-math-only|fno-signed-zeros|fno-trapping-math|ofast|fmad(?:=\w+)?"
-    r"|ftz(?:=\w+)?|prec-div(?:=\w+)?|prec-sqrt(?:=\w+)?|fp-model[= ]\w+|fcx-limited-range)"
+    r"|ftz(?:=\w+)?|prec-div(?:=\w+)?|prec-sqrt(?:=\w+)?|fp-model[= ]\w+|fcx-limited-range"
+    r"|m(?:no-)?fma4?(?![\w-]))"
     r"|/fp:fast|fastmath\s*=\s*\w+|fast_math\s*=\s*\w+|use_fast_math))",
     "changes a fast-math compiler flag ({m}): the compiler may reorder and approximate float "
     "arithmetic", raw=True,
@@ -631,6 +638,12 @@ C_CONCURRENCY: tuple[Signature, ...] = (
     Signature(SYNC, r"(?<![\w.>:])(?!__)(?:[A-Za-z]\w*_)?(?:sync|barrier)(?:_\w+)?\s*\(\s*\)",
               "changes a barrier between GPU threads ({m}): without it threads race on "
               "shared memory"),
+    # Eighth round: an inline asm's "memory" clobber (`asm volatile("" ::: "memory")`, `:
+    # "cc", "memory")`): the compiler may no longer keep memory in registers or move loads and
+    # stores across the statement, a compiler barrier.
+    Signature(ATOMICS, r":\s*(?:\"\w+\"\s*,\s*)*\"memory\"",
+              "changes an inline asm's memory clobber ({m}): whether the compiler may move "
+              "loads and stores across it, what other threads observe", raw=True),
     # Eighth round: a timeout spelled as a duration type (`std::chrono::duration<double,
     # std::milli>(6000.0)`, `std::chrono::seconds(5)`, `absl::Seconds(5)`).
     Signature(THREADS, r"\bstd::chrono::(?:duration\s*<[^;]*?>|\w*seconds|minutes|hours)\s*[({]|"

@@ -1715,6 +1715,51 @@ EIGHTH_ROUND_RISKY = [
                          "    cfg.set(\"NUM_EPS\", \"4\");\n",
                          "    cfg.set(\"NUM_EPS\", \"8\");\n"),
                  [PRODUCTION], id="a-transport-setting-set-by-call"),
+    # An exit added above a block-wide reduction helper: the threads that leave never reach
+    # its barrier.
+    pytest.param(hunk("csrc/rmsnorm.cu", "__global__ void rms_kernel(const float* x) {",
+                      ["   float v = x[row * cols + threadIdx.x];",
+                       "+  if (row >= rows) return;",
+                       "   float s = blockReduceSum<float>(v * v);",
+                       "   out[row] = s;"]),
+                 [CONCURRENCY], id="an-exit-above-a-block-reduction"),
+    # A compiler barrier: an inline asm's memory clobber added.
+    pytest.param(hunk("src/ring/spsc_queue.cpp", "void SpscQueue::publish(uint64_t t) {",
+                      ["-  __asm__ __volatile__(\"\" : : : \"cc\");",
+                       "+  __asm__ __volatile__(\"\" : : : \"cc\", \"memory\");",
+                       "   tail_ = t;"]),
+                 [CONCURRENCY], id="an-asm-memory-clobber"),
+    # An instruction-set flag in a CMake file: FMA contraction (numerics) and the binary.
+    pytest.param(unified("cmake/cpu_flags.cmake",
+                         "target_compile_options(core PRIVATE\n  -O3)\n",
+                         "target_compile_options(core PRIVATE\n  -O3\n  -mno-fma)\n"),
+                 [NUMERICS, PRODUCTION], id="an-fma-flag-in-cmake"),
+    # A macro with a locking word defined for the compiler.
+    pytest.param(unified("CMakeLists.txt", "project(x)\nset(CMAKE_CXX_FLAGS \"-O3\")\n",
+                         "project(x)\nset(CMAKE_CXX_FLAGS \"-O3 -DUSE_SPIN_LOCK\")\n"),
+                 [CONCURRENCY, PRODUCTION], id="a-locking-define"),
+    # A count rounded up where it was rounded down.
+    pytest.param(hunk("src/engine/scheduler.cc", "int Scheduler::blocks(int n) const {",
+                      ["-  return n / kBlock;",
+                       "+  return DIV_ROUND_UP(n, kBlock);",
+                       " }"]),
+                 [NUMERICS], id="a-count-rounded-up"),
+    # A getter named after a collective reads a setting; it runs no collective: the upcast
+    # dropped under it is what changes.
+    pytest.param(hunk("apex/transformer/tensor_parallel/mappings.py",
+                      "def _gather_along_last_dim(input_):",
+                      ["-    if input_.dtype == torch.float16 and use_fp32_all_reduce():",
+                       "-        input_ = input_.float()",
+                       "     return input_"]),
+                 [NUMERICS], id="an-upcast-under-a-getter-named-after-a-collective"),
+    # A build file's arguments are values, not a declaration's parameter names: a define or
+    # a library added after another is a change of the binary.
+    pytest.param(unified("CMakeLists.txt", "project(x)\nadd_compile_options(-DUSE_NUMA)\n",
+                         "project(x)\nadd_compile_options(-DUSE_NUMA -DUSE_HUGEPAGES)\n"),
+                 [PRODUCTION], id="a-define-added-after-another"),
+    pytest.param(unified("src/CMakeLists.txt", "target_link_libraries(engine nccl)\n",
+                         "target_link_libraries(engine nccl ibverbs)\n"),
+                 [PRODUCTION], id="a-library-linked-after-another"),
 ]
 
 
@@ -1734,6 +1779,19 @@ EIGHTH_ROUND_HARMLESS = [
     pytest.param(unified("crate/Cargo.toml", "[package]\nversion = \"0.1.0\"\n",
                          "[package]\nversion = \"0.1.1\"\n"),
                  id="a-packages-own-version"),
+    # A cast inside a debug assertion: compiled out of release builds.
+    pytest.param(hunk("csrc/kernels/gemm_dump.cuh", "__device__ void dump(const T* p, int n) {",
+                      ["   for (int i = 0; i < 8; i++) {",
+                       "-    DCHECK_LT(base + i, n);",
+                       "+    DCHECK_LT(static_cast<int64_t>(base + i), n);",
+                       "   }"]),
+                 id="a-cast-in-a-debug-assert"),
+    # A getter named after a collective reads a setting; it runs no collective.
+    pytest.param(hunk("megatron/mpu/layers.py", "def forward(self, x):",
+                      ["-    if use_fused_all_gather():",
+                       "+    if x.is_cuda and use_fused_all_gather():",
+                       "         x = x.contiguous()"]),
+                 id="a-getter-named-after-a-collective"),
 ]
 
 
