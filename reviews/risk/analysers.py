@@ -42,6 +42,7 @@ from reviews.risk.signatures import (
     UNREADABLE,
     Signature,
 )
+from reviews.risk.switches import switches
 
 __all__ = ["MoveIndex", "Ordered", "analyse"]
 
@@ -55,8 +56,19 @@ def analyse(change: FileChange, moves: MoveIndex | None = None) -> list[Ordered]
         return found
     language = files.language(change.path, _first_line(change))
     families = family_findings(change, language, found, moves, changed)
-    return [(order, finding) for order, finding in found
+    extra = switches(change, language)
+    if not extra:
+        return [(order, finding) for order, finding in found
+                if not families.supersedes(order, finding)] + families.findings
+    # A line the ninth round's families read is explained: no "unsure" reading of it; in a
+    # foreign language (Go) a reading replaces the whole file's "unreadable".
+    read = {order for order, _ in extra}
+    foreign = language == files.FOREIGN
+    kept = [(order, finding) for order, finding in found
             if not families.supersedes(order, finding)] + families.findings
+    return [(order, finding) for order, finding in kept
+            if not (finding.category == UNCLASSIFIED and (
+                order in read or (foreign and finding.line is None)))] + extra
 
 
 def _analysers(change: FileChange, moves: MoveIndex | None,

@@ -140,6 +140,9 @@ _TEST_DIRS = frozenset({"test", "tests", "testing", "unittests", "unit_tests", "
                         "testdata", "test_data", "fixtures"})
 _TEST_NAME = re.compile(r"(?i)^(?:tests?[_-].*|.*[_-]tests?|.*[_-]tests?[_-].*|conftest|.*\.test"
                         r"|.*_spec)\.[\w.]+$")
+# JUnit's and its kin's naming (ninth round): `ResnetTest.java`, `PoolTests.kt`, `QueueSpec.scala`.
+_CAMEL_TEST_NAME = re.compile(
+    r"^[A-Z]\w*?(?:Tests?|Spec|IT)\.(?:java|kt|kts|scala|groovy|cs|swift)$")
 _DOC_DIRS = frozenset({"docs", "doc", "documentation"})
 # A configuration or script whose path says it serves is serving configuration as a whole.
 _SERVING_WORDS = re.compile(r"(?i)(?:^|[^a-z])(?:serv(?:e|er|ers|ing)|deploy\w*|prod|"
@@ -249,7 +252,8 @@ def is_test(path: str) -> bool:
     """Test code and test data: it verifies production code and never runs in it."""
     pure = PurePosixPath(path)
     parts = [part.lower() for part in pure.parts[:-1]]
-    return bool(_TEST_DIRS.intersection(parts)) or bool(_TEST_NAME.match(pure.name))
+    return (bool(_TEST_DIRS.intersection(parts)) or bool(_TEST_NAME.match(pure.name))
+            or bool(_CAMEL_TEST_NAME.match(pure.name)))
 
 
 @lru_cache(maxsize=4096)

@@ -1605,11 +1605,12 @@ SEVENTH_ROUND_RISKY = [
                        "+        __atomic_fetch_add(&next_, 1, __ATOMIC_ACQ_REL));",
                        "   }"]),
                  [CONCURRENCY], id="a-width-in-a-locks-code"),
-    # A count of host threads (a flag's default).
+    # A count of host threads (a flag's default): since the ninth round a flag is also a
+    # setting production is launched with (the eighth held-out set labelled two such so).
     pytest.param(hunk("src/server/main_flags.cc", "namespace {",
                       ["-DEFINE_uint32(io_threads, 8, \"I/O threads\");",
                        "+DEFINE_uint32(io_threads, 16, \"I/O threads\");"]),
-                 [CONCURRENCY], id="a-host-thread-count"),
+                 [CONCURRENCY, PRODUCTION], id="a-host-thread-count"),
 ]
 
 
@@ -1797,4 +1798,82 @@ EIGHTH_ROUND_HARMLESS = [
 
 @pytest.mark.parametrize("diff", EIGHTH_ROUND_HARMLESS)
 def test_what_the_seventh_held_out_set_showed_harmless_stays_harmless(diff: str) -> None:
+    assert classify(diff) == []
+
+
+# --- The ninth round: what the eighth held-out set showed (docs/risk.md) ---------------------
+# Each case spells its family in a way the corpus does not hold (another repository's
+# language, names and files); each risky case fails on the rules before the ninth round.
+
+NINTH_ROUND_RISKY = [
+    # A parallel region's clause changed: how its iterations are shared among threads.
+    pytest.param(hunk("src/cpu/gemm_kernels.cpp", "void pack_b(const float* b, int n) {",
+                      ["-  #pragma omp parallel for schedule(dynamic, 4) collapse(2)",
+                       "+  #pragma omp parallel for schedule(static)",
+                       "   for (int i = 0; i < n; ++i) {"]),
+                 [CONCURRENCY], id="an-openmp-schedule-clause"),
+    # A kernel switch flipped in a JSON configuration: which kernel computes the numbers.
+    pytest.param(unified("configs/serving.json", '{\n  "enable_flash_attn": true\n}\n',
+                         '{\n  "enable_flash_attn": false\n}\n'),
+                 [NUMERICS, PRODUCTION], id="a-kernel-switch-in-json"),
+    # A requirement pinned in a pyproject.toml's optional dependencies (an extra).
+    pytest.param(unified("pyproject.toml",
+                         '[project.optional-dependencies]\nserve = ["vllm>=0.5"]\n',
+                         '[project.optional-dependencies]\nserve = ["vllm>=0.5,<0.7"]\n'),
+                 [PRODUCTION], id="a-requirement-pinned-in-an-extra"),
+    # The version of what a build pulls, as a module constant of a build script.
+    pytest.param(unified("tools/build_wheel.py", 'TENSORRT_VERSION = "10.1.0"\n',
+                         'TENSORRT_VERSION = "10.3.0"\n'),
+                 [PRODUCTION], id="a-pulled-version-in-a-build-script"),
+    # A thread count declared as a flag: how many run at once, set where production launches.
+    pytest.param(hunk("serve/entrypoint.py", "def build_parser():",
+                      ['-    parser.add_argument("--num-workers", type=int, default=4)',
+                       '+    parser.add_argument("--num-workers", type=int, default=8)']),
+                 [CONCURRENCY, PRODUCTION], id="a-thread-count-option"),
+    # The compute capabilities setup.py builds for, computed another way.
+    pytest.param(hunk("setup.py", "def archs(caps):",
+                      ["-    return [int(capability[0]) * 10 for capability in caps]",
+                       "+    return [int(float(capability) * 10) for capability in caps]"]),
+                 [PRODUCTION], id="a-capability-computed-in-setup-py"),
+    # Go: a wait group and a goroutine, read as the native languages' threads are.
+    pytest.param(hunk("internal/scheduler/pool.go", "func (p *Pool) Run(jobs []Job) {",
+                      [" \tfor _, j := range jobs {",
+                       "-\t\tp.run(j)",
+                       "+\t\twg.Add(1)",
+                       "+\t\tgo p.runAndSignal(j, &wg)",
+                       " \t}",
+                       "+\twg.Wait()"]),
+                 [CONCURRENCY], id="a-goroutine-and-wait-group-in-go"),
+]
+
+
+@pytest.mark.parametrize(("diff", "classes"), NINTH_ROUND_RISKY)
+def test_what_the_eighth_held_out_set_showed(diff: str, classes: list[str]) -> None:
+    assert risk_classes(classify(diff)) == classes
+
+
+NINTH_ROUND_HARMLESS = [
+    # A JUnit test's constant: test code, not a foreign language to flag.
+    pytest.param(unified("qa/L0_java_client/InferTest.java",
+                         "  static final int RETRIES = 3;\n", "  static final int RETRIES = 5;\n"),
+                 id="a-junit-tests-constant"),
+    # A package's own version is a release, not what a build pulls.
+    pytest.param(unified("mypkg/__init__.py", '__version__ = "1.2.0"\n',
+                         '__version__ = "1.2.1"\n'),
+                 id="a-packages-own-dunder-version"),
+    # A tooling extra's comment in pyproject.toml: no requirement changed.
+    pytest.param(unified("pyproject.toml", '[project]\n# runtime deps below\n',
+                         '[project]\n# runtime dependencies below\n'),
+                 id="a-comment-in-pyproject"),
+    # A Go comment that names a mutex: only the comment changes.
+    pytest.param(hunk("internal/cache/store.go", "func (s *Store) Get(k string) string {",
+                      ["-\t// the caller holds s.mu.Lock()",
+                       "+\t// the caller must hold s.mu.Lock()",
+                       " \treturn s.m[k]"]),
+                 id="a-go-comment-naming-a-lock"),
+]
+
+
+@pytest.mark.parametrize("diff", NINTH_ROUND_HARMLESS)
+def test_what_the_eighth_held_out_set_showed_harmless_stays_harmless(diff: str) -> None:
     assert classify(diff) == []
