@@ -31,9 +31,8 @@ from reviews.risk.code import (
 )
 from reviews.risk.diff import ADDED, CONTEXT, REMOVED, FileChange
 from reviews.risk.families import family_findings
-from reviews.risk.findings import MAX_TEXT, Finding
 from reviews.risk.lexers import lex_c, lex_python
-from reviews.risk.lines import Changed, Ordered, changed_lines, finding, whole
+from reviews.risk.lines import Changed, Ordered, changed_lines, finding, line_finding, whole
 from reviews.risk.signatures import (
     DEPLOY,
     LAUNCH,
@@ -56,16 +55,15 @@ def analyse(change: FileChange, moves: MoveIndex | None = None) -> list[Ordered]
         return found
     language = files.language(change.path, _first_line(change))
     families = family_findings(change, language, found, moves, changed)
+    kept = [(order, finding) for order, finding in found
+            if not families.supersedes(order, finding)] + families.findings
     extra = switches(change, language)
     if not extra:
-        return [(order, finding) for order, finding in found
-                if not families.supersedes(order, finding)] + families.findings
+        return kept
     # A line the ninth round's families read is explained: no "unsure" reading of it; in a
     # foreign language (Go) a reading replaces the whole file's "unreadable".
     read = {order for order, _ in extra}
     foreign = language == files.FOREIGN
-    kept = [(order, finding) for order, finding in found
-            if not families.supersedes(order, finding)] + families.findings
     return [(order, finding) for order, finding in kept
             if not (finding.category == UNCLASSIFIED and (
                 order in read or (foreign and finding.line is None)))] + extra
@@ -90,13 +88,11 @@ def _analysers(change: FileChange, moves: MoveIndex | None,
         return _without_content(change, kind)
     if kind:
         return production.deployment(change, kind)
+    language = files.language(path, _first_line(change))
     if files.is_test(path):
         # Test code and test data, in whatever language: they verify, not serve; but a test
         # script's install commands pin what CI verifies production with (seventh round).
-        if files.language(path, _first_line(change)) == files.SHELL:
-            return production.install_pins(change)
-        return []
-    language = files.language(path, _first_line(change))
+        return production.install_pins(change) if language == files.SHELL else []
     if language is None:
         return [((-1, -1), whole(change, UNCLASSIFIED, UNREADABLE,
                                  files.describe_unknown(path)))]
@@ -196,7 +192,7 @@ _CARGO_DEPENDENCY = re.compile(
     r"^\s*(?!(?:name|version|edition|authors|description|license|readme|repository|homepage|"
     r"documentation|keywords|categories|publish|resolver|members|exclude)\s*=)[\w-]+\s*=\s*"
     r"(?:\{|\"[~^=<>]*\d)|^\s*(?:git|rev|tag|branch)\s*=\s*\"")
-_PIN_REASON = ("changes a dependency pin ({m}): the code production installs and runs, its "
+_PIN_REASON = ("changes a dependency pin ({}): the code production installs and runs, its "
                "numerics and its threads")
 
 
@@ -216,9 +212,8 @@ def _dependency_pins(change: FileChange, manifest: bool) -> list[Ordered]:
                 continue
             if manifest or _CARGO_DEPENDENCY.match(line.text):
                 shown = text if len(text) <= 60 else text[:57] + "..."
-                out.append(((h, i), Finding(
-                    PRODUCTION, DEPLOY, _PIN_REASON.replace("{m}", shown), change.path,
-                    line.number, line.text[:MAX_TEXT], line.kind, "")))
+                out.append(((h, i), line_finding(change, line, DEPLOY, PRODUCTION,
+                                                 _PIN_REASON.format(shown))))
     return out
 
 

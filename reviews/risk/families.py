@@ -64,9 +64,9 @@ from reviews.risk.code import PYTHON as _PYTHON_SET
 from reviews.risk.code import MoveIndex
 from reviews.risk.diff import ADDED, CONTEXT, REMOVED, DiffLine, FileChange, Hunk
 from reviews.risk.environment import switches_collective, waits_or_meets
-from reviews.risk.findings import MAX_TEXT, Finding
+from reviews.risk.findings import Finding
 from reviews.risk.lexers import Lexed, lex_c, lex_python
-from reviews.risk.lines import Ordered
+from reviews.risk.lines import Ordered, line_finding
 from reviews.risk.signatures import (
     ACCUMULATION,
     ATOMICS,
@@ -490,7 +490,7 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
     unsure: list[Ordered] = []
     if code and not kind.test:
         for h, i in _across_barrier(change, kind.device, kind.python):
-            out.append(((h, i), _finding(change, change.hunks[h].lines[i], SYNC, CONCURRENCY,
+            out.append(((h, i), line_finding(change, change.hunks[h].lines[i], SYNC, CONCURRENCY,
                                          "moves code across a barrier, a stream's scope or a "
                                          "runtime call: what the other threads see when they "
                                          "pass it, or which stream and device run it")))
@@ -516,26 +516,26 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
         if not kind.python:  # a C branch that only logs: its condition is nobody's collective
             families.give_way(((h, i) for i in logged), SYNC, KERNEL, ACCUMULATION)
         if code and not kind.test:
-            out += [((h, i), _finding(change, hunk.lines[i], rule, category, reason))
+            out += [((h, i), line_finding(change, hunk.lines[i], rule, category, reason))
                     for i, (rule, category, reason) in _fourth_round_runs(lines, h, kind,
                                                                           families)]
         if code and not kind.test:
-            out += [((h, i), _finding(change, hunk.lines[i], rule, category, reason))
+            out += [((h, i), line_finding(change, hunk.lines[i], rule, category, reason))
                     for i, (rule, category, reason) in _sixth_round_runs(lines, h, hunk, kind,
                                                                          families)]
         if code and not kind.test:
-            out += [((h, i), _finding(change, hunk.lines[i], rule, category, reason))
+            out += [((h, i), line_finding(change, hunk.lines[i], rule, category, reason))
                     for i, (rule, category, reason) in _seventh_round_runs(lines, h, hunk, kind,
                                                                            families)]
         if kind.test:
-            out += [((h, i), _finding(change, hunk.lines[i], PRECISION, NUMERICS, "reorders "
+            out += [((h, i), line_finding(change, hunk.lines[i], PRECISION, NUMERICS, "reorders "
                                       "or rewrites a tolerance table in a test: some entry now "
                                       "allows more than it did"))
                     for i in _tolerance_tables(lines)]
         if code and not kind.test:
             for i, reason in _lanes_and_writers(lines):
                 families.explained.add((h, i))
-                out.append(((h, i), _finding(change, hunk.lines[i], SYNC, CONCURRENCY, reason)))
+                out.append(((h, i), line_finding(change, hunk.lines[i], SYNC, CONCURRENCY, reason)))
         for i, line in enumerate(lines):
             if line.kind == CONTEXT or i in same:
                 continue
@@ -546,14 +546,14 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
                 hits = _config_hits(line)
             else:
                 hits = _code_line_hits(lines, i, order, kind, families, hunk)
-            out += [(order, _finding(change, hunk.lines[i], rule, category, reason))
+            out += [(order, line_finding(change, hunk.lines[i], rule, category, reason))
                     for rule, category, reason in hits]
             moved = moves is not None and moves.elsewhere(change.path, hunk.lines[i])
             if kind.risky and not hits and not moved and i not in logged and (
                     order not in families.quiet) and (
                     kind.changed is None or order in kind.changed) and _changes_a_value(line) and (
                     not _DEBUG_ASSERT.match(line.code)):
-                unsure.append((order, _finding(
+                unsure.append((order, line_finding(
                     change, hunk.lines[i], UNSURE, UNCLASSIFIED,
                     "changes a number, boolean, condition, dtype, call argument or environment "
                     "value in code that runs kernels or serves, and no rule knows it: a reviewer "
@@ -567,7 +567,7 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
         subject = _file_subject(change.path) if unsure else None
         if subject is not None:  # the file's name says what its values decide
             rule, category = subject
-            unsure = [(order, _finding(change, change.hunks[order[0]].lines[order[1]], rule,
+            unsure = [(order, line_finding(change, change.hunks[order[0]].lines[order[1]], rule,
                                        category, "changes a value in code whose file says "
                                        f"what it decides ({PurePosixPath(change.path).name}): "
                                        "no other rule knows it"))
@@ -1426,12 +1426,6 @@ def _holds_risky_code(change: FileChange, text: str) -> bool:
 def _distinct(hits: list[_Hit]) -> list[_Hit]:
     """The first hit of each rule: a finding is one per rule and line."""
     return list({hit[0]: hit for hit in reversed(hits)}.values())[::-1]
-
-
-def _finding(change: FileChange, line: DiffLine, rule: str, category: str,
-             reason: str) -> Finding:
-    return Finding(category, rule, reason, change.path, line.number, line.text[:MAX_TEXT],
-                   line.kind, "")
 
 
 # A line that defines one new name: an enumerator (``kReady = 4,``), a constant, a #define.

@@ -193,6 +193,13 @@ def whole(change: FileChange, category: str, rule: str, reason: str) -> Finding:
     return Finding(category, rule, reason, change.path, None, "", "file", "")
 
 
+def line_finding(change: FileChange, line: DiffLine, rule: str, category: str,
+                 reason: str) -> Finding:
+    """A finding on one line of the diff, read without its lexed context."""
+    return Finding(category, rule, reason, change.path, line.number, line.text[:MAX_TEXT],
+                   line.kind, "")
+
+
 def overlaps(spans: Sequence[tuple[int, int]], start: int, end: int) -> bool:
     return any(a < end and start < b for a, b in spans)
 

@@ -16,9 +16,8 @@ from reviews.risk.code import RAW
 from reviews.risk.config import key_paths, normal_key
 from reviews.risk.diff import ADDED, CONTEXT, REMOVED, FileChange
 from reviews.risk.environment import docker_normal, draws_or_rounds, runtime_changes
-from reviews.risk.findings import MAX_TEXT, Finding
 from reviews.risk.lexers import Lexed, lex_hash, lex_json
-from reviews.risk.lines import Changed, Ordered, changed_lines, finding, overlaps
+from reviews.risk.lines import Changed, Ordered, changed_lines, finding, line_finding, overlaps
 from reviews.risk.signatures import (
     DEPLOY,
     ENTRYPOINT,
@@ -40,7 +39,10 @@ _STRONG_FLAG = re.compile(STRONG_FLAG)
 _GPU_ARCH = re.compile(GPU_ARCH)
 _ENTRYPOINT = re.compile(ENTRYPOINT)
 _SERVING_ENV = re.compile(SERVING_ENV)
-_INSTALL = re.compile(r"\b(?:pip3?|uv\s+pip|conda|mamba|apt-get|apt|yum|dnf|brew)\s+install\b")
+# A package manager's install command (`pip install`, `uv add`, `apt-get install`, ...): never a
+# service's entrypoint; its packages and pins are what CI or an image installs.
+_INSTALL = re.compile(r"\b(?:pip3?|uv\s+pip|uv|conda|mamba|micromamba|poetry|apt-get|apt|yum|dnf|"
+                      r"apk|brew|npm|cargo|gem)\s+(?:install|add)\b")
 _ANY_FLAG = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*|(?<![\w-])[A-Za-z_]\w*=")
 # A line of a script that is a command's long option (a continuation of a launch, or a line of
 # a MODEL_OPTIONS="..." string the script expands into one): how the program it starts runs.
@@ -180,10 +182,6 @@ def shell(change: FileChange) -> list[Ordered]:
     return out + [(order, f) for order, f in install_pins(change) if order not in pinned]
 
 
-_INSTALL_COMMAND = re.compile(r"\b(?:pip3?|uv\s+pip|uv|conda|mamba|micromamba|poetry|apt-get|apt|"
-                              r"yum|dnf|apk|brew|npm|cargo|gem)\s+(?:install|add)\b")
-
-
 def install_pins(change: FileChange) -> list[Ordered]:
     """A script's install commands (seventh round): a changed ``pip install`` (``conda``,
     ``apt-get``, ``uv add``, ...) line, or a line its backslash continues, that the other side
@@ -203,16 +201,15 @@ def install_pins(change: FileChange) -> list[Ordered]:
                 if line.kind not in (CONTEXT, kind):
                     continue
                 raw = lexed[i].raw
-                install = continued or bool(_INSTALL_COMMAND.search(raw))
+                install = continued or bool(_INSTALL.search(raw))
                 continued = install and raw.rstrip().endswith("\\")
                 other = sides[REMOVED if kind == ADDED else ADDED]
                 if install and line.kind == kind and raw.strip() and (
                         " ".join(raw.split()) not in other):
-                    out.append(((h, i), Finding(
-                        PRODUCTION, DEPLOY, "changes an install command's packages or pins "
-                        "(a version added, moved or dropped): what CI or an image installs, "
-                        "and so what production is built and verified with", change.path,
-                        line.number, line.text[:MAX_TEXT], line.kind, "")))
+                    out.append(((h, i), line_finding(
+                        change, line, DEPLOY, PRODUCTION, "changes an install command's "
+                        "packages or pins (a version added, moved or dropped): what CI or an "
+                        "image installs, and so what production is built and verified with")))
     return out
 
 

@@ -36,8 +36,7 @@ import re
 
 from reviews.risk import files
 from reviews.risk.diff import CONTEXT, FileChange
-from reviews.risk.findings import MAX_TEXT, Finding
-from reviews.risk.lines import Ordered
+from reviews.risk.lines import Ordered, line_finding
 from reviews.risk.signatures import (
     CONCURRENCY,
     DEPLOY,
@@ -82,11 +81,6 @@ _PINNED_VERSION = re.compile(
     r"""\s*(?::|=(?!=))\s*["']v?\d+(?:\.\d+)+[\w.+-]*["']""")
 
 
-def _line_finding(change: FileChange, line_kind: str, number: int | None, text: str, category: str,
-                  rule: str, reason: str) -> Finding:
-    return Finding(category, rule, reason, change.path, number, text[:MAX_TEXT], line_kind, "")
-
-
 def switches(change: FileChange, language: str | None) -> list[Ordered]:
     """The ninth round's findings of one file (see the module docstring); test files, docs
     and metadata are not read."""
@@ -108,14 +102,14 @@ def switches(change: FileChange, language: str | None) -> list[Ordered]:
                 continue
             stripped = text.strip()
             if golang and not stripped.startswith("//") and _GO_CONCURRENCY.search(text):
-                out.append(((h, i), _line_finding(
-                    change, line.kind, line.number, text, CONCURRENCY, LOCKS,
+                out.append(((h, i), line_finding(
+                    change, line, LOCKS, CONCURRENCY,
                     "changes Go's concurrency (a mutex, a wait group, a channel, a select, a "
                     "goroutine, sync or atomic): what runs at once and who waits")))
                 continue
             if native and ("pragma" in text or "$" in text) and _PARALLEL_DIRECTIVE.match(text):
-                out.append(((h, i), _line_finding(
-                    change, line.kind, line.number, text, CONCURRENCY, THREADS,
+                out.append(((h, i), line_finding(
+                    change, line, THREADS, CONCURRENCY,
                     "changes a parallel region's directive (OpenMP/OpenACC): how many threads "
                     "run it, how its iterations are shared, what is private, critical or "
                     "atomic")))
@@ -124,10 +118,9 @@ def switches(change: FileChange, language: str | None) -> list[Ordered]:
                 continue
             m = _KERNEL_SWITCH.search(text) if settings else None
             if m:
-                for category in (NUMERICS, PRODUCTION):
-                    out.append(((h, i), _line_finding(
-                        change, line.kind, line.number, text, category,
-                        KERNEL if category == NUMERICS else DEPLOY,
+                for rule, category in ((KERNEL, NUMERICS), (DEPLOY, PRODUCTION)):
+                    out.append(((h, i), line_finding(
+                        change, line, rule, category,
                         f"changes a kernel switch ({m.group(1)}): which kernel computes "
                         "production's numbers, and what production runs")))
                 continue
@@ -137,27 +130,27 @@ def switches(change: FileChange, language: str | None) -> list[Ordered]:
             if m and not _LOG.search(text) and (
                     _OPTION_LINE.search(text) or _SETTINGS_PATH.search(change.path)):
                 for category, rule in ((CONCURRENCY, THREADS), (PRODUCTION, DEPLOY)):
-                    out.append(((h, i), _line_finding(
-                        change, line.kind, line.number, text, category, rule,
+                    out.append(((h, i), line_finding(
+                        change, line, rule, category,
                         f"declares a count of threads or workers as a setting ({m.group(1)}): "
                         "how many run at once, and what production is launched with")))
                 continue
             if build and _CAPABILITY.search(text):
-                out.append(((h, i), _line_finding(
-                    change, line.kind, line.number, text, PRODUCTION, DEPLOY,
+                out.append(((h, i), line_finding(
+                    change, line, DEPLOY, PRODUCTION,
                     "changes the GPU capabilities a build targets: which GPUs production's "
                     "build runs on")))
                 continue
             if packaging and _REQUIREMENT.search(text):
-                out.append(((h, i), _line_finding(
-                    change, line.kind, line.number, text, PRODUCTION, DEPLOY,
+                out.append(((h, i), line_finding(
+                    change, line, DEPLOY, PRODUCTION,
                     "changes a package requirement (setup.py/pyproject.toml): the code "
                     "production installs and runs")))
                 continue
             m = _PINNED_VERSION.search(text) if "ersion" in lower or "ERSION" in text else None
             if m:
-                out.append(((h, i), _line_finding(
-                    change, line.kind, line.number, text, PRODUCTION, DEPLOY,
+                out.append(((h, i), line_finding(
+                    change, line, DEPLOY, PRODUCTION,
                     f"changes the version of what is built or pulled ({m.group(1)}): the "
                     "code production runs")))
     return out
