@@ -22,6 +22,16 @@ from tests.e2e.conftest import NetworkSwitch
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 
+def _samples(experiment: Experiment | None) -> str:
+    """The experiment's samples of each side, in the order measured: what a failed criterion
+    is read against."""
+    if experiment is None:
+        return "no experiment"
+    ran = ProbeExecution.objects.filter(experiment=experiment).order_by("id")
+    return "\n".join(f"{e.side} repeat {e.repeat_index} ({e.wall_seconds:.2f} s): "
+                     f"{e.stdout.strip()[-200:]}" for e in ran)
+
+
 def sign_in(page: Page, base: str, username: str) -> None:
     page.goto(f"{base}/accounts/login/")
     page.get_by_label("Username").fill(username)
@@ -138,8 +148,9 @@ def test_an_engineer_runs_the_tuner_live_and_a_reviewer_approves_the_merge(
     page.goto(f"{base}/reviews/")
     page.get_by_role("link", name=change.title).click()
     change.refresh_from_db()  # the measurement decided: nothing for the approval to go over
-    assert not change.overridable_checks, (change.gate, change.experiment
-                                           and change.experiment.feedback.get("agent_text"))
+    assert not change.overridable_checks, "\n".join(
+        [f"{c['title']}: {c['detail']}" for c in change.overridable_checks]
+        + [_samples(change.experiment)])
     page.get_by_label("Comment (goes back to the agent)").fill("Matches the batch sweep.")
     page.get_by_role("button", name="Approve and merge").click()
     expect(page.locator("#change-status")).to_have_text(re.compile("merged", re.I))
