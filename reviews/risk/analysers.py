@@ -33,6 +33,7 @@ from reviews.risk.diff import ADDED, CONTEXT, REMOVED, FileChange
 from reviews.risk.families import family_findings
 from reviews.risk.lexers import lex_c, lex_python
 from reviews.risk.lines import Changed, Ordered, changed_lines, finding, line_finding, whole
+from reviews.risk.round_ten import round_ten
 from reviews.risk.signatures import (
     DEPLOY,
     LAUNCH,
@@ -57,11 +58,11 @@ def analyse(change: FileChange, moves: MoveIndex | None = None) -> list[Ordered]
     families = family_findings(change, language, found, moves, changed)
     kept = [(order, finding) for order, finding in found
             if not families.supersedes(order, finding)] + families.findings
-    extra = switches(change, language)
+    extra = switches(change, language) + round_ten(change, language)
     if not extra:
         return kept
-    # A line the ninth round's families read is explained: no "unsure" reading of it; in a
-    # foreign language (Go) a reading replaces the whole file's "unreadable".
+    # A line the ninth or tenth round's families read is explained: no "unsure" reading of
+    # it; in a foreign language (Go) a reading replaces the whole file's "unreadable".
     read = {order for order, _ in extra}
     foreign = language == files.FOREIGN
     return [(order, finding) for order, finding in kept

@@ -372,6 +372,7 @@ def _exits_before_barrier(change: FileChange, item: Changed) -> bool:
     return False
 
 
+_STATIC_ASSERT = re.compile(r"^\s*static_assert\s*\(")
 _DEBUG_ASSERT = re.compile(r"^\s*(?:assert|DCHECK\w*|\w*ASSERT\w*_DEBUG_ONLY|\w*_DASSERT)\s*\(")
 
 
@@ -396,6 +397,8 @@ def _add_context_rules(item: Changed, hits: Hits,
         return  # which errors are caught (`except:` -> `except (ImportError, ...):`)
     if not python and _DEBUG_ASSERT.match(item.lexed.code):
         return  # a debug assertion, compiled out of release builds (eighth round)
+    if not python and _STATIC_ASSERT.match(item.lexed.code):
+        return  # checked by the compiler, no instruction emitted (tenth round)
     categories = {sig.category for sig, _ in hits.values()}
     context = item.context
     name = f"`{context.function}`" if context.function else "the function"

@@ -359,9 +359,10 @@ _DSL_PATH = re.compile(r"(?i)(?:^|/)(?:cutedsl|cute_dsl|gluon)/")
 # A log statement of C and C++ (a macro, printf, a stream to std::cerr).
 # Eighth round: a debug assertion (`assert(...)`, `DCHECK_LT(...)`, `TORCH_INTERNAL_ASSERT_DEBUG_
 # ONLY(...)`) is compiled out of release builds (NDEBUG): a width or cast inside it changes no
-# value production computes.
-_DEBUG_ASSERT = re.compile(r"^\s*(?:assert|DCHECK\w*|\w*ASSERT\w*_DEBUG_ONLY|GGML_DEBUG_ASSERT|"
-                           r"\w*_DASSERT)\s*\(")
+# value production computes. Tenth round: nor does a compile-time one (static_assert): the
+# compiler checks it and emits no instruction.
+_DEBUG_ASSERT = re.compile(r"^\s*(?:assert|static_assert|DCHECK\w*|\w*ASSERT\w*_DEBUG_ONLY|"
+                           r"GGML_DEBUG_ASSERT|\w*_DASSERT)\s*\(")
 _NATIVE_LOG = re.compile(r"^\s*(?:[\w:]*LOG\w*|[\w:]*Log\w*|printf|fprintf|std::(?:cerr|cout|"
                          r"clog)|spdlog::\w+)\b\s*(?:\(|<<)")
 _NATIVE_BRANCH = re.compile(r"^(\s*)(?:\}\s*)?(?:else\s+)?(?:if\s*\((?:[^()]|\w*VERSION\w*"

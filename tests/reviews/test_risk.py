@@ -1877,3 +1877,135 @@ NINTH_ROUND_HARMLESS = [
 @pytest.mark.parametrize("diff", NINTH_ROUND_HARMLESS)
 def test_what_the_eighth_held_out_set_showed_harmless_stays_harmless(diff: str) -> None:
     assert classify(diff) == []
+
+
+# --- The tenth round: what the ninth held-out set showed (docs/risk.md) ----------------------
+# Each case spells its family in a way the corpus does not hold (another repository's
+# language, names and files); each risky case fails on the rules before the tenth round.
+
+TENTH_ROUND_RISKY = [
+    # The groups a producer's collectives met in, no longer created: they share another.
+    pytest.param(hunk("trainer/weights_sync.py", "    def setup(self):",
+                      ["-        for i in range(self.n):",
+                       '-            collective.init_collective_group(self.n + 1, 0, '
+                       'group_name=f"eval_{i}")',
+                       "         self.ready = True"]),
+                 [CONCURRENCY], id="communicator-groups-no-longer-created"),
+    # A remote result now waited for: the caller blocks on another worker.
+    pytest.param(hunk("rollout/controller.py", "    def steps(self):",
+                      ["-        return self.actor.num_steps.remote()",
+                       "+        return ray.get(self.actor.num_steps.remote())"]),
+                 [CONCURRENCY], id="a-remote-result-waited-for"),
+    # An event loop made re-entrant before the server starts.
+    pytest.param(hunk("server/app.py", "def main():",
+                      ["+    nest_asyncio.apply()",
+                       "     server.start(models)"]),
+                 [CONCURRENCY], id="an-event-loop-made-re-entrant"),
+    # Worker threads pinned to the cores of one NUMA node.
+    pytest.param(hunk("runtime/threads.cc", "void Pool::Start() {",
+                      ["-  for (auto& w : workers_) w.Run();",
+                       "+  for (size_t i = 0; i < workers_.size(); ++i)",
+                       "+    workers_[i].Run(numa_cores[i % numa_cores.size()]);"]),
+                 [CONCURRENCY], id="threads-pinned-to-numa-cores"),
+    # A parallel loop split into other tasks.
+    pytest.param(hunk("ops/pack.cc", "void PackRows(const Mat& m, ThreadPool& pool) {",
+                      ["-  ParallelFor(m.rows, pool, [&](size_t r) { PackRow(m, r); });",
+                       "+  ParallelFor(DivCeil(m.rows, 4), pool, [&](size_t t) { P4(m, t); });"]),
+                 [CONCURRENCY], id="a-parallel-loop-split-otherwise"),
+    # A seed now passed to a sampler: which examples come in which order.
+    pytest.param(hunk("data/loader.py", "    def train_loader(self):",
+                      ["-        sampler = Sampler(self.ds, shuffle=True)",
+                       "+        sampler = Sampler(self.ds, shuffle=True, seed=self.seed)"]),
+                 [NUMERICS], id="a-seed-passed-to-a-sampler"),
+    # RoPE's theta set in a model's preset.
+    pytest.param(hunk("models/presets.py", "QWEN_7B = dict(",
+                      ["     n_layer=28,",
+                       "+    rope_theta=1_000_000.0,"]),
+                 [NUMERICS], id="a-rope-theta-in-a-preset"),
+    # A default temperature changed in a YAML generation config.
+    pytest.param(unified("configs/generation.yaml", "max_new_tokens: 256\ntemperature: 0.8\n",
+                         "max_new_tokens: 256\ntemperature: 0.6\n"),
+                 [NUMERICS], id="a-default-temperature-in-yaml"),
+    # When a request is sampled rather than decoded greedily, decided otherwise.
+    pytest.param(hunk("serve/handlers.py", "def choose(self, logits, req):",
+                      ["-    if req.temperature > 0.0 or req.top_p < 1.0:",
+                       "+    if req.temperature > 0.0 and req.top_p < 1.0:",
+                       "         return self.draw(logits, req)"]),
+                 [NUMERICS], id="a-condition-on-sampling-parameters"),
+    # The C++ standard a CMake build compiles with.
+    pytest.param(unified("CMakeLists.txt", "set(CMAKE_CXX_STANDARD 17)\n",
+                         "set(CMAKE_CXX_STANDARD 20)\n"),
+                 [PRODUCTION], id="the-cxx-standard-of-a-build"),
+    # A C++ test's bound raised: it lets more error pass.
+    pytest.param(hunk("tests/gemm_test.cc", "TEST(Gemm, Bf16) {",
+                      ["-  EXPECT_NEAR(max_err, 0.0, 2e-3);",
+                       "+  EXPECT_NEAR(max_err, 0.0, 5e-3);"]),
+                 [NUMERICS], id="a-cpp-test-bound-raised"),
+    # A Python test's floor lowered: it lets a worse accuracy pass.
+    pytest.param(hunk("tests/test_eval.py", "def test_accuracy():",
+                      ["-    assert acc >= 0.92",
+                       "+    assert acc >= 0.90"]),
+                 [NUMERICS], id="a-python-test-floor-lowered"),
+    # Cancellation checked in Rust's async server loop (a language read for comments only).
+    pytest.param(hunk("src/server/stream.rs", "async fn stream(ctx: Ctx) -> Result<()> {",
+                      ["     loop {",
+                       "+        if token.is_cancelled() { break; }",
+                       "         let chunk = next().await?;"]),
+                 [CONCURRENCY], id="cancellation-checked-in-rust"),
+    # DDP's gradient sync deferred during accumulation.
+    pytest.param(hunk("train/step.py", "def micro_step(model, batch, last):",
+                      ["-    loss = model(batch).loss",
+                       "+    with (contextlib.nullcontext() if last else model.no_sync()):",
+                       "+        loss = model(batch).loss"]),
+                 [CONCURRENCY], id="gradient-sync-deferred"),
+    # The collective backend a launch script passes.
+    pytest.param(unified("scripts/launch_rl.sh", "python train.py \\\n  --dist_backend nccl\n",
+                         "python train.py \\\n  --dist_backend gloo\n"),
+                 [CONCURRENCY, PRODUCTION], id="a-collective-backend-in-a-launch-script"),
+]
+
+
+@pytest.mark.parametrize(("diff", "classes"), TENTH_ROUND_RISKY)
+def test_what_the_ninth_held_out_set_showed(diff: str, classes: list[str]) -> None:
+    assert risk_classes(classify(diff)) == classes
+
+
+TENTH_ROUND_HARMLESS = [
+    # A test's tolerance tightened: it lets less pass.
+    pytest.param(hunk("tests/test_norm.py", "def test_rmsnorm():",
+                      ["-    torch.testing.assert_close(y, ref, atol=1e-3, rtol=1e-3)",
+                       "+    torch.testing.assert_close(y, ref, atol=1e-4, rtol=1e-4)"]),
+                 id="a-test-tolerance-tightened"),
+    # A log call whose arguments name a NUMA node over several lines.
+    pytest.param(hunk("runtime/pool.cc", "void Pool::Report() {",
+                      ['-  printf("pool ready\\n");',
+                       '+  printf("pool ready on node %d, cpu %d\\n",',
+                       "+         numa_node_of_cpu(sched_getcpu()), sched_getcpu());"]),
+                 id="a-log-call-naming-a-numa-node"),
+    # A seed's keyword moved onto its own line with the same value: a re-wrap.
+    pytest.param(hunk("data/loader.py", "    def loader(self):",
+                      ["-        return Loader(self.ds, shuffle=True, seed=self.seed)",
+                       "+        return Loader(",
+                       "+            self.ds, shuffle=True, seed=self.seed",
+                       "+        )"]),
+                 id="a-seed-keyword-re-wrapped"),
+    # A flag list gained an unrelated flag beside an unchanged language standard.
+    pytest.param(unified("CMakeLists.txt", 'set(FLAGS "-std=c++17 -Wall")\n',
+                         'set(FLAGS "-std=c++17 -Wall -Wextra")\n'),
+                 id="a-warning-flag-beside-an-unchanged-standard"),
+    # A compile-time check added to a kernel: the compiler checks it, nothing runs.
+    pytest.param(hunk("csrc/sampling/topk.cu", "__global__ void TopKKernel(const float* x) {",
+                      ["+  static_assert(kThreads % 32 == 0, \"whole warps\");",
+                       "   float v = x[threadIdx.x];"]),
+                 id="a-static-assert-in-a-kernel"),
+    # A comment about cancellation in Rust.
+    pytest.param(hunk("src/server/stream.rs", "async fn stream(ctx: Ctx) -> Result<()> {",
+                      ["-    // stops when the token is cancelled",
+                       "+    // stops once the token is_cancelled()"]),
+                 id="a-rust-comment-on-cancellation"),
+]
+
+
+@pytest.mark.parametrize("diff", TENTH_ROUND_HARMLESS)
+def test_what_the_ninth_held_out_set_showed_harmless_stays_harmless(diff: str) -> None:
+    assert classify(diff) == []
