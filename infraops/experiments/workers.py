@@ -2,7 +2,9 @@
 instead of leaving a user to wonder.
 
 Each worker process writes a key per queue it consumes into Redis every HEARTBEAT seconds,
-with a TTL of three beats: a killed worker disappears within TTL seconds.
+with a TTL of three beats: a killed worker disappears within TTL seconds. Each beat also
+renews one key per queue that any of its workers renews (QUEUE_PREFIX), so that a page asking
+about one queue reads one key instead of scanning every worker's.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ HEARTBEAT = 5.0
 TTL = int(HEARTBEAT * 3)
 PREFIX = "infraops:worker:"
 BOOT_PREFIX = "infraops:worker-boot:"  # <nodename> -> the boot token of its main process
+QUEUE_PREFIX = "infraops:queue-live:"  # <queue> -> renewed by every worker that consumes it
 
 
 def _client() -> redis.Redis:
@@ -40,6 +43,7 @@ def worker_beat(*, name: str, queues: list[str], boot: str = "") -> None:
     with _client().pipeline() as pipe:
         for queue in queues:
             pipe.set(f"{PREFIX}{queue}:{name}", "1", ex=TTL)
+            pipe.set(f"{QUEUE_PREFIX}{queue}", "1", ex=TTL)
         if boot:
             pipe.set(f"{BOOT_PREFIX}{name}", boot, ex=TTL)
         pipe.execute()
@@ -63,12 +67,26 @@ def live_queues() -> set[str] | None:
         return None
 
 
+def queue_alive(queue: str) -> bool | None:
+    """Whether a live worker consumes `queue`; None when Redis cannot be asked. One key read
+    while one does; the scan of every worker's key (live_queues) only when none has said so,
+    which also answers for a worker of a version that beats no queue key."""
+    try:
+        if _client().exists(f"{QUEUE_PREFIX}{queue}"):
+            return True
+    except redis.RedisError:
+        log.warning("cannot read worker heartbeats", exc_info=True)
+        return None
+    live = live_queues()
+    return None if live is None else queue in live
+
+
 def missing_worker_message(queue: str) -> str | None:
     """A sentence for the page when nobody consumes `queue`; None when someone does."""
-    live = live_queues()
-    if live is None:
+    alive = queue_alive(queue)
+    if alive is None:
         return "Redis cannot be reached, so no work can be queued or picked up."
-    if queue in live:
+    if alive:
         return None
     needs = queue.split(".")[1:]
     wanted = f"a worker with {' and '.join(needs)}" if needs else "a worker"

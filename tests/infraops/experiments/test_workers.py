@@ -47,6 +47,35 @@ def test_a_beating_worker_silences_the_message_for_its_queues_only(prefix: str) 
     assert workers.missing_worker_message(f"{prefix}.tpu") is not None
 
 
+def test_a_page_asking_about_a_served_queue_reads_one_key_not_every_workers(
+    prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workers.worker_beat(name="w1", queues=[f"{prefix}.gpu"])
+    client = workers._client()
+    scans: list[str] = []
+    real_scan = client.scan_iter
+
+    def counted_scan(*args: object, **kwargs: object) -> object:
+        scans.append(str(kwargs.get("match")))
+        return real_scan(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(client, "scan_iter", counted_scan)
+
+    assert workers.missing_worker_message(f"{prefix}.gpu") is None
+    assert scans == []  # the run page asks this on every read
+    assert workers.missing_worker_message(f"{prefix}.tpu") is not None  # none: it looks closer
+    assert len(scans) == 1
+
+
+def test_a_worker_that_beats_no_queue_key_still_counts(prefix: str) -> None:
+    # A worker of the version before queue keys (or one whose queue key was lost): its own
+    # key is enough, found by the scan.
+    workers._client().set(f"{workers.PREFIX}{prefix}.gpu:old-worker", "1", ex=workers.TTL)
+
+    assert workers.queue_alive(f"{prefix}.gpu") is True
+    assert workers.missing_worker_message(f"{prefix}.gpu") is None
+
+
 def test_a_worker_that_stops_beating_disappears_after_the_ttl(
     prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
