@@ -158,7 +158,7 @@ def _foreign(change: FileChange) -> list[Ordered]:
     logged = _log_arguments(change)
     code = [item for item in changed_lines(change, lex_c, None, None)
             if item.lexed.has_code and not _FOREIGN_LOG.match(item.lexed.code)
-            and item.order not in logged]
+            and item.order not in logged and not _prose_only(item)]
     if not code:
         return []
     hits = FOREIGN.first_matches([(item.lexed.code, item.lexed.raw, item.change.spans)
@@ -180,6 +180,22 @@ def _foreign(change: FileChange) -> list[Ordered]:
         return sorted(out, key=lambda pair: pair[0])
     return [((-1, -1), whole(change, UNCLASSIFIED, UNREADABLE,
                              files.describe_unknown(change.path)))]
+
+
+# Words in a string: a message a person reads ("failed to initialize backend: %v"), not a
+# value a program reads ("bf16", "0.0.0.0", "--port").
+_PROSE = re.compile(r"[A-Za-z]{2,}[,:;]?\s+[A-Za-z]{2,}")
+
+
+def _prose_only(item: Changed) -> bool:
+    """Whether the line's change lies only inside string literals that read as prose (tenth
+    round: a typo fixed in an error message of Go code)."""
+    if item.change.code or not item.change.spans:
+        return False
+    strings = item.lexed.strings
+    raw = item.lexed.raw
+    return all(any(start <= a and b <= end and _PROSE.search(raw[start:end])
+                   for start, end in strings) for a, b in item.change.spans)
 
 
 # A requirement of a manifest: `torch==2.4`, `git+https://...@<commit>#egg=x`, `require x v1`;

@@ -85,6 +85,10 @@ _DOC_STEMS = ("readme", "changelog", "changes", "history", "license", "licence",
               "code_of_conduct", "citation", "news", "todo", "version")
 _DEPENDENCY_NAME = re.compile(
     r"(?i)^(?:requirements|constraints|dev-requirements)[\w.-]*\.(?:txt|in)$")
+# A requirements file under another name: `*-requirements.txt`, `*_overrides.txt`, or any
+# text file in a requirements or dependencies folder (`requirements/base.txt`).
+_DEPENDENCY_FOLDER = re.compile(r"(?i)(?:^|/)(?:requirements|dependencies|deps)/|"
+                                r"[\w.-](?:requirements|constraints|overrides)\.(?:txt|in)$")
 _SHEBANG = re.compile(r"^#!\s*(?:/usr/bin/env\s+(?:-S\s+)?)?(?:/\S*/)?(\w+)")
 
 # Deployment artefacts: any change to them changes what production runs. (kind, globs)
@@ -162,7 +166,9 @@ def language(path: str, first_line: str = "") -> str | None:
     name = pure.name.lower()
     if name in _BY_NAME:
         return _BY_NAME[name]
-    if _DEPENDENCY_NAME.match(pure.name):
+    if _DEPENDENCY_NAME.match(pure.name) or (
+            pure.suffix.lower() in (".txt", ".in") and _DEPENDENCY_FOLDER.search(path)
+            and pure.stem.lower() not in _DOC_STEMS and not is_docs(path)):
         return DEPENDENCIES
     if name.startswith(".env") or name.endswith(".env"):
         return CONFIG_ENV

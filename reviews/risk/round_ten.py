@@ -34,13 +34,15 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
 
 from reviews.risk import files
-from reviews.risk.diff import ADDED, CONTEXT, REMOVED, FileChange
+from reviews.risk.diff import ADDED, CONTEXT, REMOVED, DiffLine, FileChange
 from reviews.risk.lines import Ordered, line_finding
 from reviews.risk.signatures import (
     CONCURRENCY,
     DEPLOY,
+    LAUNCH,
     NUMERICS,
     PRECISION,
     PRODUCTION,
@@ -82,6 +84,29 @@ _CANCELLATION = re.compile(r"\bThrowIfCancellationRequested\b|\bCancellationToke
 _GRAD_SYNC = re.compile(r"\bno_sync\b|\brequire_(?:grad|backward)_sync\b|\bgrad_sync\b|"
                         r"\bsync_gradients\b|\bis_grad_enabled\(\)|\bbucket_cap_mb\b|"
                         r"\bfind_unused_parameters\b|\boverlap_(?:grad|comm|param)\w*")
+# Arithmetic in Rust or Go (eleventh round, the tenth set): a math function or a tensor
+# reduction or reshape called (`prob.ln()` for `prob.log(10.0)`, `math.Sqrt(...)`,
+# `.topk_unsorted(...)`), or a float constant written.
+_FOREIGN_MATH = re.compile(r"\.(?:ln|log|log2|log10|exp|exp2|sqrt|powf|powi|recip|tanh|"
+                           r"sigmoid|softmax\w*|log_softmax|topk\w*|argmax|argmin|sum\w*|"
+                           r"mean|reshape|broadcast_\w+|to_dtype|matmul)\s*\(|"
+                           r"\bmath\.(?:Log\w*|Exp\w*|Sqrt|Pow\w*|Tanh|Max|Min|Round|Floor|"
+                           r"Ceil)\s*\(|(?<![\w.])\d+\.\d+(?:[eE][-+]?\d+)?(?:_?f(?:32|64))?")
+# Which platform or machine runs a path (eleventh round): an extension loaded on Linux only.
+_PLATFORM = re.compile(r"\bplatform\.(?:system|machine|processor)\s*\(|\bsys\.platform\b|"
+                       r"\bos\.name\b|\bIS_(?:WINDOWS|LINUX|MACOS|DARWIN)\b")
+# The device a process binds before its communicators are made (set_device, device_id=).
+_DEVICE_BINDING = re.compile(r"\bset_device\s*\(|\bdevice_id\s*=")
+# How a distributed job's ranks meet: torchrun's rendezvous, standalone mode, the master's
+# address, the node and process counts.
+_RENDEZVOUS = re.compile(r"(?i)\brdzv\w*|\brendezvous\w*|\bstandalone\b|\bmaster_(?:addr|port)\b|"
+                         r"\bnnodes\b|\bnproc_per_node\b")
+# A flag or setting named for a collective or its overlap (XLA's
+# `--xla_gpu_enable_pipelined_all_gather=true`, `async_all_reduce: true`): when the
+# collectives run, combined and overlapped with what.
+_COLLECTIVE_FLAG = re.compile(r"(?i)[\w-]*(?:collective|all_?reduce|all_?gather|reduce_?scatter|"
+                              r"all_?to_?all|latency_hiding)[\w-]*[\"']?\s*(?:=(?!=)|:(?!:))"
+                              r"\s*[\"']?[-+.\w]")
 # A collective backend named: which library carries the collectives.
 _BACKEND = re.compile(r"(?i)(?<![\w.-])(?:nccl|gloo|mpi|ucc|hccl|rccl|xccl|mscclpp)(?![\w.-])")
 _TOOLCHAIN = re.compile(r"(?i)\bcmake_minimum_required\s*\(|\bcmake_policy\s*\(|"
@@ -113,12 +138,16 @@ def round_ten(change: FileChange, language: str | None) -> list[Ordered]:
     out: list[Ordered] = []
     for h, hunk in enumerate(change.hunks):
         candidates = [i for i, line in enumerate(hunk.lines)
-                      if line.kind != CONTEXT and _has_keyword(line.text)]
-        if not candidates:  # most lines: no family's word, nothing more to read
+                      if line.kind != CONTEXT and (foreign or _has_keyword(line.text))]
+        if not candidates:  # most lines of the languages read in full: no family's word
             continue
         logged = _in_log_calls([line.text for line in hunk.lines])
         sides = {kind: " ".join(_flat(line.text) for line in hunk.lines if line.kind == kind)
                  for kind in (ADDED, REMOVED)}
+        for i in _option_defaults(hunk.lines, candidates, sides):
+            out.append(((h, i), line_finding(
+                change, hunk.lines[i], DEPLOY, PRODUCTION, "changes a command-line option's "
+                "default: what a job or server started without it runs with")))
         for i in candidates:
             line = hunk.lines[i]
             text = line.text
@@ -140,7 +169,9 @@ _KEYWORDS = ("group", "ray.", "result", "asyncio", "run_until", "event_loop", "a
              "max_position", "temperature", "top", "min", "penalty", "typical", "greedy",
              "sample", "cancel", "sync", "grad_enabled", "bucket", "unused_param", "overlap_",
              "nccl", "gloo", "mpi", "ucc", "hccl", "xccl", "cmake", "requires", "standard",
-             "std", "version")
+             "std", "version", "platform", "os.name", "is_", "device", "rdzv", "rendezvous",
+             "standalone", "master_", "nnodes", "nproc", "default", "all_", "reduce",
+             "gather", "scatter", "latency_hiding", "collective")
 
 
 def _has_keyword(text: str) -> bool:
@@ -149,9 +180,10 @@ def _has_keyword(text: str) -> bool:
 # A comment line (a C preprocessor line other than #define is read as one; "--flag" is not).
 _COMMENT = re.compile(r"#(?!\s*define\b)|//|/?\*|--(?:\s|$)")
 _FAMILIES: tuple[tuple[re.Pattern[str], str, str, str, str], ...] = (
-    # pattern, where it is read (code; settings: code or a configuration or shell file;
-    # launch: a configuration or shell file only; toolchain: a build file; any: code in any
-    # language), rule, category, reason
+    # pattern, where it is read (code; settings: code in any language or a configuration or
+    # shell file; launch: a configuration or shell file only; toolchain: a build file; any:
+    # code in any language; foreign: Rust, Go and the others read in part), rule, category,
+    # reason
     (_TOOLCHAIN, "toolchain", DEPLOY, PRODUCTION, "changes the version a build requires of its "
      "tools or language: what production's build accepts and how it compiles"),
     (_ROPE, "settings", PRECISION, NUMERICS, "changes a positional encoding's parameters (RoPE "
@@ -174,6 +206,20 @@ _FAMILIES: tuple[tuple[re.Pattern[str], str, str, str, str], ...] = (
      "cancellation: where a running task stops, and what it leaves half done"),
     (_GRAD_SYNC, "code", SYNC, CONCURRENCY, "switches, defers or buckets the gradients' "
      "synchronisation across ranks: when the all-reduce runs and what it sums"),
+    (_FOREIGN_MATH, "foreign", PRECISION, NUMERICS, "changes arithmetic in a language the "
+     "classifier reads only in part (a math function, a reduction, a reshape, a float "
+     "constant): the numbers it computes"),
+    (_PLATFORM, "code", DEPLOY, PRODUCTION, "changes which platform or machine runs a code "
+     "path (an extension loaded, a kernel built): what production runs where"),
+    (_DEVICE_BINDING, "code", SYNC, CONCURRENCY, "changes the device a process binds before "
+     "its communicators are made: which GPU each rank's collectives run on"),
+    (_RENDEZVOUS, "code", SYNC, CONCURRENCY, "changes how a distributed job's ranks meet "
+     "(rendezvous, standalone mode, the master's address, node and process counts)"),
+    (_RENDEZVOUS, "code", LAUNCH, PRODUCTION, "changes how a distributed job is launched: "
+     "what production runs"),
+    (_COLLECTIVE_FLAG, "launch", SYNC, CONCURRENCY, "changes a setting named for a "
+     "collective (pipelining, combining, overlapping all-reduce, all-gather, reduce-scatter): "
+     "when the collectives run and what they overlap"),
     (_BACKEND, "launch", SYNC, CONCURRENCY, "changes the collective backend (NCCL, Gloo, "
      "MPI, ...): which library carries the collectives, and how they wait"),
     (_BACKEND, "launch", DEPLOY, PRODUCTION, "changes the collective backend a job is launched "
@@ -193,14 +239,14 @@ def _hits(text: str, other: str, code: bool, settings: bool, toolchain: bool,
     matches, with the value that follows, is not on the hunk's other side (``other``): a
     flag list that gained ``-ffast-math`` beside an unchanged ``-std=c++17`` is not a
     toolchain change."""
-    where = {"code": code, "settings": code or settings, "toolchain": toolchain,
-             "any": code or foreign, "launch": settings}
+    where = {"code": code, "settings": code or settings or foreign, "toolchain": toolchain,
+             "any": code or foreign, "launch": settings, "foreign": foreign}
     hits: list[_Hit] = []
     for pattern, read, rule, category, reason in _FAMILIES:
         if not where[read]:
             continue
-        if pattern is _PLACEMENT and _SETS_ENVIRONMENT.search(text):
-            continue
+        if pattern in (_PLACEMENT, _RENDEZVOUS) and _SETS_ENVIRONMENT.search(text):
+            continue  # an environment variable set: production, read by the env families
         for m in pattern.finditer(text):
             # A call's window is the rest of its line (an argument changed); a setting's, its
             # value.
@@ -211,6 +257,31 @@ def _hits(text: str, other: str, code: bool, settings: bool, toolchain: bool,
                 hits.append((rule, category, reason))
                 break
     return hits
+
+
+# A command-line option declared (argparse, click, typer, absl) and a default given to it.
+_OPTION_CALL = re.compile(r"\badd_argument\s*\(|\badd_option\s*\(|@click\.option\s*\(|"
+                          r"\btyper\.Option\s*\(|\bflags\.DEFINE_\w+\s*\(|"
+                          r"^\s*[\"']--[\w-]+[\"'],")  # an option's name, its call above the hunk
+_DEFAULT = re.compile(r"\bdefault\s*=(?!=)")
+
+
+def _option_defaults(lines: Sequence[DiffLine], candidates: list[int],
+                     sides: dict[str, str]) -> list[int]:
+    """The candidate lines that give a command-line option's call (on the line or one of the
+    ten before it, within the hunk) a default the hunk's other side does not give."""
+    out = []
+    for i in candidates:
+        text = _flat(lines[i].text)
+        m = _DEFAULT.search(text)
+        if not m or not any(_OPTION_CALL.search(lines[j].text)
+                            for j in range(max(0, i - 10), i + 1)):
+            continue
+        end = _VALUE_END.search(text, m.end())
+        other = sides[REMOVED if lines[i].kind == ADDED else ADDED]
+        if text[m.start():end.start() if end else len(text)] not in other:
+            out.append(i)
+    return out
 
 
 def _flat(text: str) -> str:

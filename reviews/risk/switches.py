@@ -26,6 +26,11 @@ held-out set showed with no finding at all, each read in whatever language spell
   (``mu.Lock()``, ``RUnlock()``, ``TryLock()``), a wait group or condition, a channel sent to
   or received from, a ``select``, a goroutine started, ``sync``/``atomic`` used: what runs at
   once and who waits; concurrency, as the same calls are in the native languages.
+- Rust's concurrency (tenth round): in Rust, a lock taken or its guard's scope changed
+  (``.lock()``, ``.read()``/``.write()``, ``Mutex``, ``RwLock``), an atomic or an ordering,
+  a task spawned, awaited, polled or blocked on (``tokio::spawn``, ``.await``, ``Poll::``,
+  ``block_on``), a channel, a semaphore, or the CUDA stream a device is created with
+  (``new_cuda_with_stream``); concurrency, as Go's.
 - versions of what a build pulls: a key or name ending in ``_version`` / ``Version`` (not a
   package's own ``__version__`` or ``version``) set to a quoted version that changed
   (``"upstream_container_version": "26.05"``, ``TRT_VERSION = "10.1"``); production.
@@ -75,6 +80,15 @@ _BUILD_SCRIPT = re.compile(r"(?i)(?:^|/)(?:setup\.py|build\w*\.(?:py|sh)|\w*\.cm
 _GO_CONCURRENCY = re.compile(r"\.(?:R?Lock|R?Unlock|TryR?Lock|Wait|Done|Signal|Broadcast)\(\)|"
                              r"\bsync\.\w+|\batomic\.\w+|<-|\bselect\s*\{|\bgo\s+(?:func\b|"
                              r"[\w.]+\()|\bmake\(\s*chan\b|\bchan\s+\w|\.Add\(\s*-?\d+\s*\)")
+# Rust's concurrency: locks and their guards, atomics and orderings, tasks spawned or polled,
+# channels, semaphores, async streams, and CUDA streams chosen for a device.
+_RUST_CONCURRENCY = re.compile(r"\.(?:lock|try_lock|read|write|try_read|try_write)\(\)|"
+                               r"\b(?:Mutex|RwLock|Condvar|Semaphore|Notify|Barrier|"
+                               r"Atomic[A-Z]\w*|OnceCell|OnceLock)\b|\bOrdering::\w+|"
+                               r"\b(?:tokio::|std::thread::|rayon::)?spawn\w*\s*\(|"
+                               r"\.await\b|\bselect!|\bjoin!|\b(?:mpsc|oneshot|broadcast|"
+                               r"watch)::|\bPoll::\w+|\bWaker\b|\bwith_stream\b|"
+                               r"\bnew_cuda_with_stream\b|\bblock_on\s*\(")
 _PACKAGING_FILE = re.compile(r"(?i)(?:^|/)(?:setup\.py|setup\.cfg|pyproject\.toml)$")
 _PINNED_VERSION = re.compile(
     r"""(?:^|[\s"'{,(])["']?(?!__version__)([A-Za-z]\w*(?:_version|Version|_VERSION))["']?"""
@@ -92,6 +106,7 @@ def switches(change: FileChange, language: str | None) -> list[Ordered]:
     settings = language in (*files.CONFIG_LANGUAGES, files.SHELL)
     packaging = bool(_PACKAGING_FILE.search(change.path))
     golang = change.path.endswith(".go")
+    rust = change.path.endswith(".rs")
     code = language in (files.NATIVE, files.PYTHON, files.CYTHON)
     build = bool(_BUILD_SCRIPT.search(change.path))
     out: list[Ordered] = []
@@ -106,6 +121,13 @@ def switches(change: FileChange, language: str | None) -> list[Ordered]:
                     change, line, LOCKS, CONCURRENCY,
                     "changes Go's concurrency (a mutex, a wait group, a channel, a select, a "
                     "goroutine, sync or atomic): what runs at once and who waits")))
+                continue
+            if rust and not stripped.startswith("//") and _RUST_CONCURRENCY.search(text):
+                out.append(((h, i), line_finding(
+                    change, line, LOCKS, CONCURRENCY,
+                    "changes Rust's concurrency (a lock or its guard, an atomic, a task spawned "
+                    "or polled, a channel, an await, a device's stream): what runs at once and "
+                    "who waits")))
                 continue
             if native and ("pragma" in text or "$" in text) and _PARALLEL_DIRECTIVE.match(text):
                 out.append(((h, i), line_finding(

@@ -2009,3 +2009,110 @@ TENTH_ROUND_HARMLESS = [
 @pytest.mark.parametrize("diff", TENTH_ROUND_HARMLESS)
 def test_what_the_ninth_held_out_set_showed_harmless_stays_harmless(diff: str) -> None:
     assert classify(diff) == []
+
+
+# --- The eleventh round: what the tenth held-out set showed (docs/risk.md) -------------------
+# Each case spells its family in a way the corpus does not hold; each risky case fails on the
+# rules before the eleventh round.
+
+ELEVENTH_ROUND_RISKY = [
+    # Rust: a lock's guard dropped before the branch, not held through it.
+    pytest.param(hunk("src/engine/cache.rs", "fn get(&self, key: u64) -> Option<Block> {",
+                      ["-        if let Some(b) = CACHE.lock().unwrap().get(&key).cloned() {",
+                       "+        let found = CACHE.lock().unwrap().get(&key).cloned();",
+                       "+        if let Some(b) = found {"]),
+                 [CONCURRENCY], id="a-rust-lock-guards-scope"),
+    # Rust: an atomic's memory ordering.
+    pytest.param(hunk("src/engine/stats.rs", "fn record(&self) {",
+                      ["-        self.count.fetch_add(1, Ordering::Relaxed);",
+                       "+        self.count.fetch_add(1, Ordering::AcqRel);"]),
+                 [CONCURRENCY], id="a-rust-memory-ordering"),
+    # Rust: a stream's poll returns another state.
+    pytest.param(hunk("src/server/sse.rs", "fn poll_next(self: Pin<&mut Self>) -> Poll<...> {",
+                      ["-            None => Poll::Pending,",
+                       "+            None => Poll::Ready(None),"]),
+                 [CONCURRENCY], id="a-rust-poll-state"),
+    # Rust: a probability's logarithm taken in another base.
+    pytest.param(hunk("src/sampler.rs", "fn logprob(p: f32) -> f32 {",
+                      ["-    p.log2()",
+                       "+    p.ln()"]),
+                 [NUMERICS], id="a-rust-log-base"),
+    # Go: an attention scale computed from another length.
+    pytest.param(hunk("model/attention.go", "func (a *Attention) Forward(ctx Context) Tensor {",
+                      ["-\tscale := 1.0 / math.Sqrt(float64(a.headDim))",
+                       "+\tscale := 1.0 / math.Sqrt(float64(a.headDim+a.ropeDim))"]),
+                 [NUMERICS], id="a-go-attention-scale"),
+    # A Go sampling default.
+    pytest.param(hunk("api/defaults.go", "func DefaultOptions() Options {",
+                      ["-\t\tTopP:        0.9,",
+                       "+\t\tTopP:        0.95,"]),
+                 [NUMERICS], id="a-go-sampling-default"),
+    # A requirement pinned in a requirements folder's file of another name.
+    pytest.param(unified("deps/gpu/cuda12.txt", "jax[cuda12]>=0.4.30\n", "jax[cuda12]>=0.5.0\n"),
+                 [PRODUCTION], id="a-pin-in-a-requirements-folder"),
+    # A compiled extension loaded on one platform only.
+    pytest.param(hunk("mylib/ops/__init__.py", "def load():",
+                      ["-    if torch.cuda.is_available():",
+                       '+    if torch.cuda.is_available() and sys.platform.startswith("linux"):',
+                       "         _load_cuda_ops()"]),
+                 [PRODUCTION], id="an-extension-on-one-platform"),
+    # The device bound before the process group, not passed to it.
+    pytest.param(hunk("dist/setup.py", "def init(rank, world):",
+                      ["+    torch.cuda.set_device(rank % torch.cuda.device_count())",
+                       '     dist.init_process_group("nccl", rank=rank, world_size=world)']),
+                 [CONCURRENCY], id="a-device-bound-before-the-group"),
+    # A job launched standalone when no rendezvous endpoint is given.
+    pytest.param(hunk("cli/launch.py", "def run(args):",
+                      ["+    if not args.rdzv_endpoint:",
+                       "+        args.standalone = True",
+                       "     elastic_launch(config)(args)"]),
+                 [CONCURRENCY, PRODUCTION], id="a-job-launched-standalone"),
+    # A command-line option's default flipped, its add_argument call above the hunk.
+    pytest.param(hunk("tools/convert.py", "def main():",
+                      ['       "--use_cache",',
+                       "       type=bool,",
+                       "-      default=False,",
+                       "+      default=True,",
+                       '       help="Reuse converted shards",']),
+                 [PRODUCTION], id="an-option-default-flipped"),
+    # An XLA flag that pipelines a collective, in a launch script.
+    pytest.param(unified("run/train.sh", 'export XLA_FLAGS="$XLA_FLAGS"\npython train.py \\\n'
+                         "  --xla_tpu_enable_async_all_gather=false\n",
+                         'export XLA_FLAGS="$XLA_FLAGS"\npython train.py \\\n'
+                         "  --xla_tpu_enable_async_all_gather=true\n"),
+                 [CONCURRENCY, PRODUCTION], id="an-async-all-gather-flag"),
+]
+
+
+@pytest.mark.parametrize(("diff", "classes"), ELEVENTH_ROUND_RISKY)
+def test_what_the_tenth_held_out_set_showed(diff: str, classes: list[str]) -> None:
+    assert risk_classes(classify(diff)) == classes
+
+
+ELEVENTH_ROUND_HARMLESS = [
+    # A typo fixed in a Go error message.
+    pytest.param(hunk("server/routes.go", "func (s *Server) pull(w http.ResponseWriter) {",
+                      ['-\t\treturn fmt.Errorf("model %s not foud: %w", name, err)',
+                       '+\t\treturn fmt.Errorf("model %s not found: %w", name, err)']),
+                 id="a-go-error-message-typo"),
+    # A Rust comment naming a lock.
+    pytest.param(hunk("src/engine/cache.rs", "fn evict(&self) {",
+                      ["-        // takes the map's lock()",
+                       "+        // takes the map's write lock()"]),
+                 id="a-rust-comment-naming-a-lock"),
+    # An option's help text re-worded, its default unchanged.
+    pytest.param(hunk("tools/convert.py", "def main():",
+                      ['       "--use_cache",',
+                       "       default=False,",
+                       '-      help="reuse shards",',
+                       '+      help="Reuse converted shards",']),
+                 id="an-option-help-re-worded"),
+    # A README in a requirements folder.
+    pytest.param(unified("requirements/README.txt", "Pins for CI.\n", "Pins for CI and docs.\n"),
+                 id="a-readme-in-a-requirements-folder"),
+]
+
+
+@pytest.mark.parametrize("diff", ELEVENTH_ROUND_HARMLESS)
+def test_what_the_tenth_held_out_set_showed_harmless_stays_harmless(diff: str) -> None:
+    assert classify(diff) == []
