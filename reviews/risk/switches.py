@@ -89,6 +89,13 @@ _RUST_CONCURRENCY = re.compile(r"\.(?:lock|try_lock|read|write|try_read|try_writ
                                r"\.await\b|\bselect!|\bjoin!|\b(?:mpsc|oneshot|broadcast|"
                                r"watch)::|\bPoll::\w+|\bWaker\b|\bwith_stream\b|"
                                r"\bnew_cuda_with_stream\b|\bblock_on\s*\(")
+_FOREIGN_CONCURRENCY = {
+    "go": (_GO_CONCURRENCY, "changes Go's concurrency (a mutex, a wait group, a channel, a "
+           "select, a goroutine, sync or atomic): what runs at once and who waits"),
+    "rs": (_RUST_CONCURRENCY, "changes Rust's concurrency (a lock or its guard, an atomic, a task "
+           "spawned or polled, a channel, an await, a device's stream): what runs at once and "
+           "who waits"),
+}
 _PACKAGING_FILE = re.compile(r"(?i)(?:^|/)(?:setup\.py|setup\.cfg|pyproject\.toml)$")
 _PINNED_VERSION = re.compile(
     r"""(?:^|[\s"'{,(])["']?(?!__version__)([A-Za-z]\w*(?:_version|Version|_VERSION))["']?"""
@@ -105,8 +112,8 @@ def switches(change: FileChange, language: str | None) -> list[Ordered]:
     # In code the analysers read a switch's uses; a configuration or launch file only sets it.
     settings = language in (*files.CONFIG_LANGUAGES, files.SHELL)
     packaging = bool(_PACKAGING_FILE.search(change.path))
-    golang = change.path.endswith(".go")
-    rust = change.path.endswith(".rs")
+    # Go and Rust, read otherwise for their comments only: their concurrency, by its words.
+    foreign = _FOREIGN_CONCURRENCY.get(change.path.rsplit(".", 1)[-1])
     code = language in (files.NATIVE, files.PYTHON, files.CYTHON)
     build = bool(_BUILD_SCRIPT.search(change.path))
     out: list[Ordered] = []
@@ -116,18 +123,8 @@ def switches(change: FileChange, language: str | None) -> list[Ordered]:
             if line.kind == CONTEXT or not text.strip():
                 continue
             stripped = text.strip()
-            if golang and not stripped.startswith("//") and _GO_CONCURRENCY.search(text):
-                out.append(((h, i), line_finding(
-                    change, line, LOCKS, CONCURRENCY,
-                    "changes Go's concurrency (a mutex, a wait group, a channel, a select, a "
-                    "goroutine, sync or atomic): what runs at once and who waits")))
-                continue
-            if rust and not stripped.startswith("//") and _RUST_CONCURRENCY.search(text):
-                out.append(((h, i), line_finding(
-                    change, line, LOCKS, CONCURRENCY,
-                    "changes Rust's concurrency (a lock or its guard, an atomic, a task spawned "
-                    "or polled, a channel, an await, a device's stream): what runs at once and "
-                    "who waits")))
+            if foreign and not stripped.startswith("//") and foreign[0].search(text):
+                out.append(((h, i), line_finding(change, line, LOCKS, CONCURRENCY, foreign[1])))
                 continue
             if native and ("pragma" in text or "$" in text) and _PARALLEL_DIRECTIVE.match(text):
                 out.append(((h, i), line_finding(
