@@ -7,6 +7,7 @@ timeout."""
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -150,6 +151,13 @@ def test_a_hung_endpoint_pauses_the_run_within_the_window_and_one_timeout_and_fr
         asked=lambda: hung_endpoint.connections, llm_goal=llm_goal, example_goal=example_goal,
         engineer=engineer, data_dir=data_dir, tmp_path=tmp_path, settings=settings)
     connections = hung_endpoint.connections
+    # The stub's accept thread may take a connection the kernel accepted a while after the run
+    # paused (a loaded machine once left it at 2 of 3): wait for it to see every try the run
+    # counts; a run that counts a try it never made still fails below.
+    said = re.search(r"\((\d+) tries\)", run.stop_reason)
+    assert said, run.stop_reason
+    wait_until(lambda: len(connections) >= int(said.group(1)), timeout=30,
+               what="the stub to record every request the run made")
     # The server never ends a request: each one ends when the client hangs up.
     wait_until(lambda: all(c.closed is not None for c in connections), timeout=30,
                what="the client to hang up every request")
