@@ -372,8 +372,12 @@ def _exits_before_barrier(change: FileChange, item: Changed) -> bool:
     return False
 
 
-_STATIC_ASSERT = re.compile(r"^\s*static_assert\s*\(")
-_DEBUG_ASSERT = re.compile(r"^\s*(?:assert|DCHECK\w*|\w*ASSERT\w*_DEBUG_ONLY|\w*_DASSERT)\s*\(")
+# An assertion no release build runs (eighth round): a debug one (`assert(...)`,
+# `DCHECK_LT(...)`, `TORCH_INTERNAL_ASSERT_DEBUG_ONLY(...)`) is compiled out under NDEBUG, so a
+# width or cast inside it changes no value production computes; a compile-time one
+# (`static_assert`, tenth round) is checked by the compiler, which emits nothing for it.
+UNRUN_ASSERT = re.compile(r"^\s*(?:assert|static_assert|DCHECK\w*|\w*ASSERT\w*_DEBUG_ONLY|"
+                          r"GGML_DEBUG_ASSERT|\w*_DASSERT)\s*\(")
 
 
 def _drop_weak(hits: Hits) -> None:
@@ -395,10 +399,8 @@ def _add_context_rules(item: Changed, hits: Hits,
         return  # a compiler hint; a signature (its parameters' changes show in the body)
     if _HANDLER.match(item.lexed.code):
         return  # which errors are caught (`except:` -> `except (ImportError, ...):`)
-    if not python and _DEBUG_ASSERT.match(item.lexed.code):
-        return  # a debug assertion, compiled out of release builds (eighth round)
-    if not python and _STATIC_ASSERT.match(item.lexed.code):
-        return  # checked by the compiler, no instruction emitted (tenth round)
+    if not python and UNRUN_ASSERT.match(item.lexed.code):
+        return  # an assertion no release build runs: compiled out, or checked at compile time
     categories = {sig.category for sig, _ in hits.values()}
     context = item.context
     name = f"`{context.function}`" if context.function else "the function"

@@ -61,7 +61,7 @@ from reviews.risk import files
 from reviews.risk.changes import change_runs, normal_tokens
 from reviews.risk.code import NATIVE as _NATIVE_SET
 from reviews.risk.code import PYTHON as _PYTHON_SET
-from reviews.risk.code import MoveIndex
+from reviews.risk.code import UNRUN_ASSERT, MoveIndex
 from reviews.risk.diff import ADDED, CONTEXT, REMOVED, DiffLine, FileChange, Hunk
 from reviews.risk.environment import switches_collective, waits_or_meets
 from reviews.risk.findings import Finding
@@ -357,12 +357,6 @@ _DEVICE_PATH = re.compile(r"(?i)(?:^|/)(?:kernels?|fmha|collective|epilogue|cutl
 # be out of the hunk's sight.
 _DSL_PATH = re.compile(r"(?i)(?:^|/)(?:cutedsl|cute_dsl|gluon)/")
 # A log statement of C and C++ (a macro, printf, a stream to std::cerr).
-# Eighth round: a debug assertion (`assert(...)`, `DCHECK_LT(...)`, `TORCH_INTERNAL_ASSERT_DEBUG_
-# ONLY(...)`) is compiled out of release builds (NDEBUG): a width or cast inside it changes no
-# value production computes. Tenth round: nor does a compile-time one (static_assert): the
-# compiler checks it and emits no instruction.
-_DEBUG_ASSERT = re.compile(r"^\s*(?:assert|static_assert|DCHECK\w*|\w*ASSERT\w*_DEBUG_ONLY|"
-                           r"GGML_DEBUG_ASSERT|\w*_DASSERT)\s*\(")
 _NATIVE_LOG = re.compile(r"^\s*(?:[\w:]*LOG\w*|[\w:]*Log\w*|printf|fprintf|std::(?:cerr|cout|"
                          r"clog)|spdlog::\w+)\b\s*(?:\(|<<)")
 _NATIVE_BRANCH = re.compile(r"^(\s*)(?:\}\s*)?(?:else\s+)?(?:if\s*\((?:[^()]|\w*VERSION\w*"
@@ -553,7 +547,7 @@ def family_findings(change: FileChange, language: str | None, found: Sequence[Or
             if kind.risky and not hits and not moved and i not in logged and (
                     order not in families.quiet) and (
                     kind.changed is None or order in kind.changed) and _changes_a_value(line) and (
-                    not _DEBUG_ASSERT.match(line.code)):
+                    not UNRUN_ASSERT.match(line.code)):
                 unsure.append((order, line_finding(
                     change, hunk.lines[i], UNSURE, UNCLASSIFIED,
                     "changes a number, boolean, condition, dtype, call argument or environment "
@@ -1843,7 +1837,7 @@ def _sixth_round_hits(line: _Line, order: Order, kind: _File,
     layout = kind.python and kind.risky and seen and any(word in low for word in _DIM_WORDS)
     build = kind.build and _BUILD_CONDITION.match(code)
     if not (widths or flags or collective or layout or build) or not code.strip() or (
-            _untouched(code, line) or _LOG_OR_RAISE.match(code) or _DEBUG_ASSERT.match(code)):
+            _untouched(code, line) or _LOG_OR_RAISE.match(code) or UNRUN_ASSERT.match(code)):
         return []
     hits: list[_Hit] = []
     if widths and _new(_INT_WIDTH, line):

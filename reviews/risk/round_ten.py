@@ -49,6 +49,7 @@ from reviews.risk.signatures import (
     SYNC,
     THREADS,
 )
+from reviews.risk.switches import LOG_CALL
 
 _GROUP = re.compile(r"\b(?:new_group|new_subgroups\w*|init_collective_group|"
                     r"init_process_group|destroy_process_group|destroy_collective_group|"
@@ -120,8 +121,8 @@ _ASSERTION = re.compile(r"\b(?:ASSERT|EXPECT|CHECK|DCHECK|REQUIRE)_\w+\s*\(|\bas
                         r"\b(?:allclose|isclose|assert_close|approx)\s*\(")
 _DECIMAL = re.compile(r"(?<![\w.])(?:\d+\.\d*|\.\d+|\d+(?:\.\d*)?[eE][-+]?\d+)(?![\w.])")
 _NUMBER = re.compile(r"(?<![\w.])(?:\d+\.\d*|\.\d+|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)(?![\w.])")
-_LOG = re.compile(r"(?i)\b(?:print|printf|log\w*|warn\w*|logger|info|debug)\s*[.(]|"
-                  r"^\s*(?:raise|throw)\b")
+# A log call, or a raise or throw: their arguments are a message.
+_LOG = re.compile(LOG_CALL.pattern + r"|^\s*(?:raise|throw)\b")
 
 
 def round_ten(change: FileChange, language: str | None) -> list[Ordered]:
@@ -142,22 +143,21 @@ def round_ten(change: FileChange, language: str | None) -> list[Ordered]:
         if not candidates:  # most lines of the languages read in full: no family's word
             continue
         logged = _in_log_calls([line.text for line in hunk.lines])
-        sides = {kind: " ".join(_flat(line.text) for line in hunk.lines if line.kind == kind)
+        flat = {i: _flat(line.text) for i, line in enumerate(hunk.lines)
+                if line.kind != CONTEXT}
+        sides = {kind: " ".join(text for i, text in flat.items() if hunk.lines[i].kind == kind)
                  for kind in (ADDED, REMOVED)}
-        for i in _option_defaults(hunk.lines, candidates, sides):
-            out.append(((h, i), line_finding(
-                change, hunk.lines[i], DEPLOY, PRODUCTION, "changes a command-line option's "
-                "default: what a job or server started without it runs with")))
         for i in candidates:
             line = hunk.lines[i]
-            text = line.text
-            stripped = text.strip()
-            if not stripped or i in logged or _COMMENT.match(stripped):
+            if not flat[i] or i in logged or _COMMENT.match(flat[i]):
                 continue
             other = sides[REMOVED if line.kind == ADDED else ADDED]
-            for rule, category, reason in _hits(_flat(text), other, code, settings, toolchain,
-                                                foreign):
-                out.append(((h, i), line_finding(change, line, rule, category, reason)))
+            hits = _hits(flat[i], other, code, settings, toolchain, foreign)
+            if _option_default(hunk.lines, i, flat[i], other):
+                hits.append((DEPLOY, PRODUCTION, "changes a command-line option's default: "
+                             "what a job or server started without it runs with"))
+            out += [((h, i), line_finding(change, line, rule, category, reason))
+                    for rule, category, reason in hits]
     return out
 
 
@@ -247,16 +247,22 @@ def _hits(text: str, other: str, code: bool, settings: bool, toolchain: bool,
             continue
         if pattern in (_PLACEMENT, _RENDEZVOUS) and _SETS_ENVIRONMENT.search(text):
             continue  # an environment variable set: production, read by the env families
-        for m in pattern.finditer(text):
-            # A call's window is the rest of its line (an argument changed); a setting's, its
-            # value.
-            value = m.end() + len(text[m.end():]) - len(text[m.end():].lstrip(_SEPARATOR))
-            end = None if m.group().endswith("(") or pattern is _SAMPLING_TEST else (
-                _VALUE_END.search(text, value))
-            if text[m.start():end.start() if end else len(text)] not in other:
-                hits.append((rule, category, reason))
-                break
+        # A call's window is the rest of its line (an argument changed); a setting's, its value.
+        if any(_new_here(text, m, other, m.group().endswith("(") or pattern is _SAMPLING_TEST)
+               for m in pattern.finditer(text)):
+            hits.append((rule, category, reason))
     return hits
+
+
+def _new_here(text: str, m: re.Match[str], other: str, whole_line: bool) -> bool:
+    """Whether what ``m`` matched in ``text``, with the value after it (or the rest of the
+    line), is not on the hunk's other side."""
+    end = len(text)
+    if not whole_line:
+        value = m.end() + len(text[m.end():]) - len(text[m.end():].lstrip(_SEPARATOR))
+        stop = _VALUE_END.search(text, value)
+        end = stop.start() if stop else end
+    return text[m.start():end] not in other
 
 
 # A command-line option declared (argparse, click, typer, absl) and a default given to it.
@@ -266,22 +272,14 @@ _OPTION_CALL = re.compile(r"\badd_argument\s*\(|\badd_option\s*\(|@click\.option
 _DEFAULT = re.compile(r"\bdefault\s*=(?!=)")
 
 
-def _option_defaults(lines: Sequence[DiffLine], candidates: list[int],
-                     sides: dict[str, str]) -> list[int]:
-    """The candidate lines that give a command-line option's call (on the line or one of the
-    ten before it, within the hunk) a default the hunk's other side does not give."""
-    out = []
-    for i in candidates:
-        text = _flat(lines[i].text)
-        m = _DEFAULT.search(text)
-        if not m or not any(_OPTION_CALL.search(lines[j].text)
+def _option_default(lines: Sequence[DiffLine], i: int, text: str, other: str) -> bool:
+    """Whether line ``i`` (``text``, flattened) gives a command-line option's call (on the
+    line or one of the ten before it, within the hunk) a default the other side does not."""
+    m = _DEFAULT.search(text)
+    if m is None or not any(_OPTION_CALL.search(lines[j].text)
                             for j in range(max(0, i - 10), i + 1)):
-            continue
-        end = _VALUE_END.search(text, m.end())
-        other = sides[REMOVED if lines[i].kind == ADDED else ADDED]
-        if text[m.start():end.start() if end else len(text)] not in other:
-            out.append(i)
-    return out
+        return False
+    return _new_here(text, m, other, whole_line=False)
 
 
 def _flat(text: str) -> str:

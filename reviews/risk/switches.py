@@ -71,7 +71,8 @@ _OPTION_LINE = re.compile(r"\b(?:CONFIG_ITEM|CONFIG_HOT_UPDATED_ITEM|DEFINE_\w+|
 # Where a member's default is a setting: an options, flags, config or command-line file.
 _SETTINGS_PATH = re.compile(r"(?i)(?:option|flag|config|command_line|cmdline|cli|args|settings)"
                             r"[^/]*$")
-_LOG = re.compile(r"(?i)\b(?:print|printf|log\w*|warn\w*|logger|info|debug)\s*[.(]")
+# A log or print call, in any language (its arguments are text a person reads).
+LOG_CALL = re.compile(r"(?i)\b(?:print|printf|log\w*|warn\w*|logger|info|debug)\s*[.(]")
 _CAPABILITY = re.compile(r"(?i)compute_?capabilit|cuda_?arch|arch_?list|gencode|\bsm_\d|"
                          r"\bcompute_\d|\bcapability\b|gpu_?targets|amdgpu_targets")
 _BUILD_SCRIPT = re.compile(r"(?i)(?:^|/)(?:setup\.py|build\w*\.(?:py|sh)|\w*\.cmake|"
@@ -146,7 +147,7 @@ def switches(change: FileChange, language: str | None) -> list[Ordered]:
             lower = text.lower()
             m = _THREAD_COUNT.search(text) if (code and not build and (
                 "thread" in lower or "worker" in lower)) else None
-            if m and not _LOG.search(text) and (
+            if m and not LOG_CALL.search(text) and (
                     _OPTION_LINE.search(text) or _SETTINGS_PATH.search(change.path)):
                 for category, rule in ((CONCURRENCY, THREADS), (PRODUCTION, DEPLOY)):
                     out.append(((h, i), line_finding(
