@@ -108,7 +108,12 @@ def test_a_newcomer_watches_the_showcase_find_the_three_problems(
     numerics = AgentRun.objects.get(goal_version__goal__name=NUMERICS)
     change = Change.objects.get(runs=numerics)
     # The least error of the precisions it tried (README.md says so): ieee's, under tf32x3's.
-    assert '+INPUT_PRECISION = "ieee"' in change.diff and "numerics" in change.risk_classes
+    assert '+INPUT_PRECISION = "ieee"' in change.diff and "numerics" in change.risk_classes, (
+        # Once (a fresh clone, 2026-12-08) tf32x3 was submitted: say what each trial measured.
+        "\n".join(f"{t['params']}: objective {t.get('objective')}, experiment "
+                  f"{t.get('experiment')}, failed {t.get('failed', False)}, lost {t.get('lost')}"
+                  for t in numerics.state["trials"])
+        + "\n" + "\n".join(numerics.events.order_by("seq").values_list("message", flat=True)))
     # The error fell by orders of magnitude: from about 3e-2 at 4096 merges to under 1e-4.
     trials = {t["params"]["input_precision"]: t for t in numerics.state["trials"]}
     assert trials["tf32x3"]["candidate"] < 1e-4 < trials["tf32x3"]["baseline"], trials
